@@ -1,0 +1,100 @@
+// The run configuration: plain structs decoded from YAML, with defaults, plus the
+// loader that applies `--set key=value` overrides and validates every key.
+// This header includes no MPI, CUDA or NCCL: it builds and tests anywhere.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pptrain {
+
+struct ModelConfig {
+  int n_layer = 2;
+  int n_head = 2;
+  int d_model = 64;
+  int seq_len = 32;
+  int vocab_size = 256;  // real vocabulary; padded internally to a multiple of 128
+};
+
+struct ParallelConfig {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int micro_batches = 1;     // gradient-accumulation micro-batches per step (per DP rank)
+  int micro_batch_size = 4;  // sequences per micro-batch
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
+  int virtual_stages = 1;
+  int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
+};
+
+struct TrainConfig {
+  int steps = 100;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int warmup_steps = 10;
+  std::string lr_schedule = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  uint64_t seed = 1234;
+  int eval_every = 0;    // validation every N steps (0: only at the end, if val data exists)
+  int eval_batches = 0;  // 0: whole validation set; else at most N micro-batches
+  int threads = 0;       // CPU threads for GEMMs; 0: all cores
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | text | llmc | nanogpt
+  std::string path;                  // training data file (unused by synthetic)
+  std::string val_path;              // validation data file; synthetic: built in
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int every = 0;       // save every N steps (0: only at the end)
+  int keep = 3;        // newest N checkpoints kept
+  std::string resume;  // "" (fresh start), "auto" (newest valid in dir), or a path
+};
+
+struct LoggingConfig {
+  int every = 1;            // console/metrics line every N steps
+  std::string metrics;      // JSON Lines file; "" disables
+  std::string trace;        // Chrome-trace JSON file; "" disables
+  std::vector<int> trace_steps;  // steps recorded in the trace
+  std::string level = "info";
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  std::string device = "cpu";  // cpu | auto | cuda
+  std::string source_path;     // file the config was read from (for messages)
+};
+
+// Loads `path`, applies each "dotted.key=yaml-value" override in order, decodes and
+// validates. Throws InputError naming the file, line, key and reason on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Decodes and validates YAML text (used by tests and by load_config).
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// The resolved configuration as YAML (stored in checkpoints and printed by check-config).
+std::string to_yaml(const Config& config);
+
+// Derived sizes used everywhere.
+inline int padded_vocab(const ModelConfig& m, int multiple = 128) {
+  return (m.vocab_size + multiple - 1) / multiple * multiple;
+}
+inline int64_t tokens_per_step(const Config& c) {
+  return int64_t(c.parallel.dp) * c.parallel.micro_batches * c.parallel.micro_batch_size *
+         c.model.seq_len;
+}
+
+}  // namespace pptrain

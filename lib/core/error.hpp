@@ -1,0 +1,30 @@
+// Error types shared by every layer. InputError is bad user input (config, data
+// file, checkpoint): the CLI prints its one-line message and exits with code 2.
+// Anything else thrown is an internal or runtime failure and exits with code 1.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace pptrain {
+
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Exit codes of the pptrain binary.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+
+// Throws std::logic_error naming the failed condition and its location. For
+// internal invariants only: user input is validated by code that throws InputError.
+[[noreturn]] void fail_check(const char* condition, const char* file, int line,
+                             const std::string& message);
+
+}  // namespace pptrain
+
+#define PPTRAIN_CHECK(cond, msg)                                     \
+  do {                                                               \
+    if (!(cond)) ::pptrain::fail_check(#cond, __FILE__, __LINE__, (msg)); \
+  } while (0)
