@@ -1,1 +1,266 @@
+// Tests for AdamW, the learning-rate schedules and gradient-norm clipping, against
+// values computed by hand or by a plain double-precision reference in the test.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.hpp"
+#include "model/param_layout.hpp"
+#include "optim/adamw.hpp"
+#include "optim/lr_schedule.hpp"
+
+namespace pptrain {
+namespace {
+
+// A weight (decayed) and a bias (not decayed); the bias starts after an alignment gap.
+ParamLayout tiny_layout() {
+  ParamLayout layout;
+  layout.add("w", {2, 3}, true);
+  layout.add("b", {3}, false);
+  return layout;
+}
+
+TrainConfig adam_config() {
+  TrainConfig train;
+  train.beta1 = 0.9;
+  train.beta2 = 0.95;
+  train.eps = 1e-8;
+  train.weight_decay = 0.1;
+  return train;
+}
+
+// Reference AdamW for one element, in double.
+struct RefElement {
+  double p, m = 0, v = 0;
+  void step(double grad, double scale, double lr, double wd, const TrainConfig& c, int t) {
+    const double g = grad * scale;
+    m = c.beta1 * m + (1 - c.beta1) * g;
+    v = c.beta2 * v + (1 - c.beta2) * g * g;
+    const double m_hat = m / (1 - std::pow(c.beta1, t));
+    const double v_hat = v / (1 - std::pow(c.beta2, t));
+    p -= lr * (m_hat / (std::sqrt(v_hat) + c.eps) + wd * p);
+  }
+};
+
+void expect_rel_near(double actual, double expected, double rel, const char* what, size_t i) {
+  EXPECT_NEAR(actual, expected, rel * std::max(1e-3, std::abs(expected)))
+      << what << "[" << i << "]";
+}
+
+TEST(AdamW, MatchesDoubleReferenceOverThreeSteps) {
+  const ParamLayout layout = tiny_layout();
+  TrainConfig train = adam_config();
+  train.eps = 1e-3;  // large enough that where eps enters the formula matters
+  ASSERT_EQ(layout.at("b").offset, 64u);
+  const size_t n = layout.total_floats();
+
+  std::vector<float> params(n), grads(n);
+  std::vector<RefElement> ref;
+  std::vector<size_t> index;
+  std::vector<double> wd;
+  for (const ParamEntry& e : layout.entries())
+    for (size_t i = 0; i < e.numel; ++i) {
+      const size_t k = e.offset + i;
+      params[k] = 0.5f - 0.25f * float(k % 5);
+      ref.push_back({params[k]});
+      index.push_back(k);
+      wd.push_back(e.decay ? train.weight_decay : 0.0);
+    }
+
+  AdamW opt(layout, train);
+  const float lrs[3] = {1e-2f, 5e-3f, 2e-2f};
+  const float scales[3] = {0.5f, 2.0f, 0.25f};
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t j = 0; j < index.size(); ++j) {
+      // Varied signs and magnitudes, different every step.
+      grads[index[j]] = float(((j * 7 + size_t(t) * 3) % 11) - 5) * 0.1f + 0.03f * float(t);
+      ref[j].step(grads[index[j]], scales[t - 1], lrs[t - 1], wd[j], train, t);
+    }
+    opt.step(params.data(), grads.data(), lrs[t - 1], scales[t - 1], t);
+  }
+  for (size_t j = 0; j < index.size(); ++j) {
+    expect_rel_near(params[index[j]], ref[j].p, 1e-6, "param", j);
+    expect_rel_near(opt.exp_avg()[index[j]], ref[j].m, 1e-6, "exp_avg", j);
+    expect_rel_near(opt.exp_avg_sq()[index[j]], ref[j].v, 1e-6, "exp_avg_sq", j);
+  }
+}
+
+TEST(AdamW, FirstStepIsLrTimesSignOfGradient) {
+  // At t=1 the bias-corrected moments are g and g*g, so a no-decay element moves by
+  // lr * g / (|g| + eps), i.e. lr * sign(g) up to eps / |g|.
+  ParamLayout layout;
+  layout.add("bias", {4}, false);
+  TrainConfig train = adam_config();
+  AdamW opt(layout, train);
+  std::vector<float> params = {1.0f, -2.0f, 0.0f, 3.0f};
+  const std::vector<float> grads = {0.3f, -0.02f, 5.0f, -1e-3f};
+  const float lr = 0.01f;
+  opt.step(params.data(), grads.data(), lr, 3.0f, 1);
+  EXPECT_NEAR(params[0], 1.0f - lr, 1e-7);
+  EXPECT_NEAR(params[1], -2.0f + lr, 1e-7);
+  EXPECT_NEAR(params[2], 0.0f - lr, 1e-7);
+  EXPECT_NEAR(params[3], 3.0f + lr, 1e-7);
+}
+
+TEST(AdamW, WeightDecayOnlyOnDecayEntries) {
+  // A zero gradient leaves only the decay term: p -= lr * wd * p for decay entries.
+  const ParamLayout layout = tiny_layout();
+  const TrainConfig train = adam_config();
+  AdamW opt(layout, train);
+  std::vector<float> params(layout.total_floats(), 2.0f), grads(layout.total_floats(), 0.0f);
+  opt.step(params.data(), grads.data(), 0.5f, 1.0f, 1);
+  const ParamEntry& w = layout.at("w");
+  const ParamEntry& b = layout.at("b");
+  for (size_t i = 0; i < w.numel; ++i) EXPECT_FLOAT_EQ(params[w.offset + i], 2.0f * 0.95f);
+  for (size_t i = 0; i < b.numel; ++i) EXPECT_FLOAT_EQ(params[b.offset + i], 2.0f);
+}
+
+TEST(AdamW, AlignmentGapsUntouched) {
+  const ParamLayout layout = tiny_layout();
+  AdamW opt(layout, adam_config());
+  const size_t n = layout.total_floats();
+  const float sentinel = 123.25f;
+  std::vector<float> params(n, sentinel);
+  // NaN gradients in the gaps would poison any element the loop touched there.
+  std::vector<float> grads(n, std::numeric_limits<float>::quiet_NaN());
+  std::vector<bool> in_entry(n, false);
+  for (const ParamEntry& e : layout.entries())
+    for (size_t i = 0; i < e.numel; ++i) {
+      in_entry[e.offset + i] = true;
+      grads[e.offset + i] = 0.1f;
+    }
+  for (int t = 1; t <= 2; ++t) opt.step(params.data(), grads.data(), 1e-2f, 1.0f, t);
+  size_t gaps = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (in_entry[k]) {
+      EXPECT_NE(params[k], sentinel) << k;
+      continue;
+    }
+    ++gaps;
+    EXPECT_EQ(params[k], sentinel) << k;
+    EXPECT_EQ(opt.exp_avg()[k], 0.0f) << k;
+    EXPECT_EQ(opt.exp_avg_sq()[k], 0.0f) << k;
+  }
+  EXPECT_EQ(gaps, 64u - 6u);
+}
+
+TEST(AdamW, RejectsZeroUpdateCount) {
+  const ParamLayout layout = tiny_layout();
+  AdamW opt(layout, adam_config());
+  std::vector<float> params(layout.total_floats()), grads(layout.total_floats());
+  EXPECT_THROW(opt.step(params.data(), grads.data(), 1e-3f, 1.0f, 0), std::logic_error);
+}
+
+TrainConfig schedule_config(const char* kind) {
+  TrainConfig train;
+  train.lr = 1e-3;
+  train.min_lr = 1e-4;
+  train.steps = 110;
+  train.warmup_steps = 10;  // decay runs over steps 10..109, progress = (step-10)/100
+  train.lr_schedule = kind;
+  return train;
+}
+
+TEST(LrSchedule, WarmupIsLinearFromLrOverWarmup) {
+  for (const char* kind : {"cosine", "linear", "constant"}) {
+    const TrainConfig train = schedule_config(kind);
+    EXPECT_DOUBLE_EQ(learning_rate(train, 0), 1e-4) << kind;  // 1e-3 * 1/10
+    EXPECT_DOUBLE_EQ(learning_rate(train, 4), 5e-4) << kind;  // 1e-3 * 5/10
+    EXPECT_DOUBLE_EQ(learning_rate(train, 9), 1e-3) << kind;  // end of warmup
+    EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1e-3) << kind;  // decay progress 0
+  }
+}
+
+TEST(LrSchedule, Cosine) {
+  const TrainConfig train = schedule_config("cosine");
+  // progress 0.25: 1e-4 + 0.5 * (1 + cos(pi/4)) * 9e-4
+  EXPECT_NEAR(learning_rate(train, 35), 8.681980515339464e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 60), 5.5e-4, 1e-15);  // midpoint
+  // last step, progress 0.99: 1e-4 + 0.5 * (1 - cos(0.01 pi)) * 9e-4
+  EXPECT_NEAR(learning_rate(train, 109), 1.002220478354208e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 110), 1e-4, 1e-15);  // progress clamps at 1
+  EXPECT_NEAR(learning_rate(train, 1000), 1e-4, 1e-15);
+}
+
+TEST(LrSchedule, Linear) {
+  const TrainConfig train = schedule_config("linear");
+  EXPECT_NEAR(learning_rate(train, 35), 7.75e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 60), 5.5e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 109), 1.09e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 110), 1e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 1000), 1e-4, 1e-15);
+}
+
+TEST(LrSchedule, Constant) {
+  const TrainConfig train = schedule_config("constant");
+  for (int64_t step : {10, 35, 60, 109, 110, 1000})
+    EXPECT_DOUBLE_EQ(learning_rate(train, step), 1e-3) << step;
+}
+
+TEST(LrSchedule, NoWarmup) {
+  TrainConfig train = schedule_config("cosine");
+  train.warmup_steps = 0;
+  train.steps = 100;
+  EXPECT_DOUBLE_EQ(learning_rate(train, 0), 1e-3);
+  EXPECT_NEAR(learning_rate(train, 50), 5.5e-4, 1e-15);
+  EXPECT_NEAR(learning_rate(train, 100), 1e-4, 1e-15);
+  train.lr_schedule = "linear";
+  EXPECT_DOUBLE_EQ(learning_rate(train, 0), 1e-3);
+  EXPECT_NEAR(learning_rate(train, 25), 7.75e-4, 1e-15);
+}
+
+TEST(LrSchedule, WarmupLongerThanRun) {
+  // steps - warmup <= 0: the span is 1, so the first step after warmup is at min_lr.
+  TrainConfig train = schedule_config("linear");
+  train.steps = 5;
+  EXPECT_DOUBLE_EQ(learning_rate(train, 4), 5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(train, 10), 1e-3);
+  EXPECT_NEAR(learning_rate(train, 11), 1e-4, 1e-15);
+}
+
+TEST(LrSchedule, UnknownScheduleThrows) {
+  const TrainConfig train = schedule_config("exponential");
+  EXPECT_THROW(learning_rate(train, 50), InputError);
+}
+
+TEST(GradNorm, MatchesHandSumAndIgnoresGaps) {
+  const ParamLayout layout = tiny_layout();
+  std::vector<float> grads(layout.total_floats(), 1e30f);  // gaps hold huge values
+  const ParamEntry& w = layout.at("w");
+  const ParamEntry& b = layout.at("b");
+  const float wv[6] = {3, 0, 0, 0, -4, 0};
+  const float bv[3] = {0, 12, 0};
+  for (size_t i = 0; i < 6; ++i) grads[w.offset + i] = wv[i];
+  for (size_t i = 0; i < 3; ++i) grads[b.offset + i] = bv[i];
+  EXPECT_DOUBLE_EQ(grad_norm(layout, grads.data()), 13.0);  // sqrt(9 + 16 + 144)
+}
+
+TEST(GradNorm, MatchesPlainSumOnOddSizes) {
+  ParamLayout layout;
+  layout.add("a", {37}, true);
+  layout.add("b", {5, 3}, false);
+  layout.add("c", {1}, false);
+  std::vector<float> grads(layout.total_floats(), 0.0f);
+  double sum = 0;
+  for (const ParamEntry& e : layout.entries())
+    for (size_t i = 0; i < e.numel; ++i) {
+      const float g = std::sin(float(e.offset + i)) * 1e-3f;
+      grads[e.offset + i] = g;
+      sum += double(g) * double(g);
+    }
+  EXPECT_NEAR(grad_norm(layout, grads.data()), std::sqrt(sum), 1e-15);
+}
+
+TEST(ClipScale, Cases) {
+  EXPECT_EQ(clip_scale(5.0, 0.0), 1.0f);   // clipping disabled
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0f);   // below the limit
+  EXPECT_EQ(clip_scale(1.0, 1.0), 1.0f);   // exactly at the limit
+  EXPECT_FLOAT_EQ(clip_scale(2.0, 1.0), float(1.0 / (2.0 + 1e-6)));
+  EXPECT_FLOAT_EQ(clip_scale(40.0, 0.5), float(0.5 / (40.0 + 1e-6)));
+}
+
+}  // namespace
+}  // namespace pptrain
