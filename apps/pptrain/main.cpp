@@ -1,1 +1,87 @@
-int main() { return 0; }
+// pptrain: command-line entry point. Parses arguments (CLI11), loads the config and
+// runs the chosen command. Exit codes: 0 success, 1 failure during the run, 2 bad
+// input (arguments, config, data file or checkpoint).
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+struct Options {
+  std::string config_path;
+  std::vector<std::string> overrides;
+};
+
+// The options every command takes, bound to the same storage.
+void add_config_options(CLI::App& app, Options& opts) {
+  app.add_option("-c,--config", opts.config_path, "YAML run configuration");
+  app.add_option("-s,--set", opts.overrides,
+                 "Override a config key, KEY=VALUE with VALUE read as YAML "
+                 "(e.g. train.steps=50, logging.trace_steps=[3,4]); repeatable")
+      ->allow_extra_args(false);
+}
+
+pptrain::Config load(const Options& opts) {
+  if (opts.config_path.empty()) throw pptrain::InputError("--config is required");
+  pptrain::Config config = pptrain::load_config(opts.config_path, opts.overrides);
+  pptrain::setup_logging(config.logging.level);
+  return config;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"pptrain: trains GPT-2-style transformers with tensor, pipeline and data "
+               "parallelism.\nWithout a command, trains: pptrain --config configs/tiny.yaml"};
+  app.require_subcommand(0, 1);
+  Options opts;
+  add_config_options(app, opts);
+  CLI::App* train_cmd = app.add_subcommand("train", "Train per the config (the default command)");
+  CLI::App* check_cmd = app.add_subcommand(
+      "check-config", "Validate the config and print the run plan: sizes, FLOPs, memory");
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval", "Mean validation loss of the checkpoint named by checkpoint.resume");
+  for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd}) add_config_options(*cmd, opts);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? pptrain::kExitOk : pptrain::kExitBadInput;
+  }
+
+  pptrain::setup_logging("info");
+  try {
+    if (check_cmd->parsed()) {
+      pptrain::Config config = load(opts);
+      std::fputs(pptrain::describe_plan(config).c_str(), stdout);
+      std::puts("config OK");
+    } else if (eval_cmd->parsed()) {
+      pptrain::Config config = load(opts);
+      const double loss = pptrain::evaluate_checkpoint(config);
+      std::printf("val_loss %.6f\n", loss);
+    } else {
+      pptrain::Config config = load(opts);
+      const pptrain::TrainResult r = pptrain::train(config);
+      spdlog::info("done: {} steps, loss {:.4f}{}", r.steps_done, r.last_loss,
+                   r.last_val_loss ? fmt::format(", val loss {:.4f}", *r.last_val_loss) : "");
+    }
+    return pptrain::kExitOk;
+  } catch (const pptrain::InputError& e) {
+    std::fprintf(stderr, "pptrain: error: %s\n", e.what());
+    return pptrain::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pptrain: failed: %s\n", e.what());
+    return pptrain::kExitFailure;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run(argc, argv); }

@@ -1,0 +1,68 @@
+#include "train/metrics.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace pptrain {
+
+namespace {
+void make_parent_dirs(const std::string& path) {
+  auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+}
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  make_parent_dirs(path);
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw std::runtime_error(path + ": cannot open metrics file: " + std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const nlohmann::json& record) {
+  if (!file_) return;
+  std::string line = record.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+TraceRecorder::TraceRecorder(std::string path, std::vector<int> steps, int rank)
+    : path_(std::move(path)), steps_(std::move(steps)), rank_(rank) {}
+
+bool TraceRecorder::enabled_for(int64_t step) const {
+  return !path_.empty() && std::find(steps_.begin(), steps_.end(), step) != steps_.end();
+}
+
+void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point begin,
+                        Clock::time_point end) {
+  using us = std::chrono::duration<double, std::micro>;
+  events_.push_back({{"name", name},
+                     {"ph", "X"},
+                     {"pid", 0},
+                     {"tid", rank_},
+                     {"ts", us(begin - origin_).count()},
+                     {"dur", us(end - begin).count()},
+                     {"args", {{"step", step}}}});
+}
+
+void TraceRecorder::write() const {
+  if (path_.empty() || events_.empty()) return;
+  make_parent_dirs(path_);
+  nlohmann::json doc = {{"traceEvents", events_}, {"displayTimeUnit", "ms"}};
+  doc["traceEvents"].push_back(
+      {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
+       {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  std::ofstream out(path_);
+  out << doc.dump() << "\n";
+  if (!out) throw std::runtime_error(path_ + ": cannot write trace file");
+}
+
+}  // namespace pptrain

@@ -1,0 +1,44 @@
+// Run outputs besides the console: a JSON Lines metrics file (one object per logged
+// step) and a Chrome-trace/Perfetto timeline of the traced steps.
+#pragma once
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pptrain {
+
+class MetricsWriter {
+ public:
+  // Opens `path` for appending (creating parent dirs); an empty path disables writing.
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const nlohmann::json& record);  // one line, flushed
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// Collects one slice per action (forward, backward-input, backward-weight, optimizer,
+// ...) and writes them as Chrome trace events ("X" phase, microseconds), one track per rank.
+class TraceRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  TraceRecorder(std::string path, std::vector<int> steps, int rank = 0);
+  bool enabled_for(int64_t step) const;  // traced step?
+  void add(const std::string& name, int64_t step, Clock::time_point begin, Clock::time_point end);
+  void write() const;  // no-op when disabled or empty
+
+ private:
+  std::string path_;
+  std::vector<int> steps_;
+  int rank_;
+  Clock::time_point origin_ = Clock::now();
+  nlohmann::json events_ = nlohmann::json::array();
+};
+
+}  // namespace pptrain

@@ -1,0 +1,62 @@
+// The run plan printed by `check-config`: what the run will be, before it starts.
+#include <fmt/format.h>
+
+#include "data/dataset.hpp"
+#include "model/gpt.hpp"
+#include "train/trainer.hpp"
+
+namespace pptrain {
+
+namespace {
+std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0)); }
+}  // namespace
+
+std::string describe_plan(const Config& c) {
+  const ModelConfig& m = c.model;
+  const ParamLayout layout = gpt_param_layout(m);
+  const TrainData data = TrainData::open(c.data, m, c.train.seed);
+  const auto val = load_validation_tokens(c.data, m, c.train.seed);
+  const double arena = double(layout.total_floats()) * sizeof(float);
+  const double acts = double(gpt_activation_floats(m, c.parallel.micro_batch_size)) * sizeof(float);
+  const double flops_token = gpt_flops_per_token(m);
+  const int64_t tokens = tokens_per_step(c);
+  const auto& p = c.parallel;
+  std::string out;
+  auto line = [&out](const std::string& key, const std::string& value) {
+    out += fmt::format("{:<13}{}\n", key, value);
+  };
+  line("config", c.source_path);
+  line("model", fmt::format("GPT-2, {} layers, {} heads, d_model {}, seq_len {}, vocab {} "
+                            "(padded to {})",
+                            m.n_layer, m.n_head, m.d_model, m.seq_len, m.vocab_size,
+                            padded_vocab(m)));
+  line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
+                                 double(layout.hf_param_count()) / 1e6));
+  line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}", p.tp, p.pp, p.dp,
+                             p.tp * p.pp * p.dp, p.schedule));
+  line("batch", fmt::format("{} micro-batch(es) x {} sequence(s) x {} tokens = {} tokens per step",
+                            p.micro_batches, p.micro_batch_size, m.seq_len, tokens));
+  line("FLOPs", fmt::format("{:.4g} per token, {:.4g} per step ({} steps: {:.4g} in all)",
+                            flops_token, flops_token * double(tokens), c.train.steps,
+                            flops_token * double(tokens) * c.train.steps));
+  line("memory", fmt::format("weights {}, gradients {}, optimizer state {}, activations {} "
+                             "(one micro-batch); total {}",
+                             mib(arena), mib(arena), mib(2 * arena), mib(acts),
+                             mib(4 * arena + acts)));
+  line("optimizer", fmt::format("AdamW lr {} -> {} ({}, {} warmup steps), weight decay {}, "
+                                "grad clip {}",
+                                c.train.lr, c.train.min_lr, c.train.lr_schedule,
+                                c.train.warmup_steps, c.train.weight_decay, c.train.grad_clip));
+  line("data", data.describe());
+  line("validation", val.empty() ? std::string("none")
+                                 : fmt::format("{} tokens, {} windows", val.size(),
+                                               validation_windows(val.size(), m.seq_len)));
+  line("checkpoints", c.checkpoint.dir.empty()
+                          ? std::string("disabled")
+                          : fmt::format("{} every {} steps, keep {}, resume '{}'", c.checkpoint.dir,
+                                        c.checkpoint.every, c.checkpoint.keep, c.checkpoint.resume));
+  line("device", c.device == "auto" ? "auto (cpu: no CUDA backend in this build)" : c.device);
+  return out;
+}
+
+}  // namespace pptrain

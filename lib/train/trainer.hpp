@@ -1,0 +1,31 @@
+// The single-rank training loop and the commands built on it: train, eval, and the
+// run plan printed by check-config.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "config/config.hpp"
+
+namespace pptrain {
+
+struct TrainResult {
+  int64_t steps_done = 0;               // optimizer steps completed in total
+  double last_loss = 0;                 // training loss of the last step run (0 if none)
+  std::optional<double> last_val_loss;  // last validation loss, if evaluated
+  std::string last_checkpoint;          // newest checkpoint written ("" if none)
+};
+
+// Trains per `config`: resumes if checkpoint.resume says so, logs, evaluates and
+// checkpoints. Throws InputError for bad input, other exceptions for failures.
+TrainResult train(const Config& config);
+
+// Loads the checkpoint checkpoint.resume names and returns the mean loss over the
+// whole validation set (windows of seq_len+1 tokens, in order).
+double evaluate_checkpoint(const Config& config);
+
+// Human-readable summary of the run: sizes, FLOPs and a memory estimate. Opens the
+// data files so that their errors surface here.
+std::string describe_plan(const Config& config);
+
+}  // namespace pptrain
