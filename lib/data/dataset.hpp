@@ -1,0 +1,71 @@
+// Training and validation tokens: whole token files (text, llm.c shards, nanoGPT
+// dumps) and the built-in synthetic corpus. Which tokens a training sequence holds is
+// a pure function of (seed, step, index), so resume and every parallel layout agree.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "data/synthetic.hpp"
+
+namespace pptrain {
+
+// Reads a whole token file of format `source` ("text" = raw bytes, one token per byte;
+// "llmc" = llm.c shard: header of 256 int32 little-endian with magic 20240520, version 1,
+// token count, then that many uint16 tokens; "nanogpt" = raw uint16 little-endian tokens).
+// Checks every token < vocab_size. Throws InputError naming the file and the problem.
+std::vector<int32_t> read_token_file(const std::string& source, const std::string& path,
+                                     int vocab_size);
+
+// The training token stream. Sequence (step, index) is a pure function of
+// (seed, step, index): a resumed run reads exactly what an uninterrupted run would,
+// and a data-parallel layout reads the same global sequences.
+class TrainData {
+ public:
+  // Reads data.path (file sources) or builds the synthetic chain. Throws InputError.
+  static TrainData open(const DataConfig& data, const ModelConfig& model, uint64_t seed);
+
+  TrainData(TrainData&&) = default;
+  TrainData& operator=(TrainData&&) = default;
+  TrainData(const TrainData&) = delete;  // a file's tokens can be large
+  TrainData& operator=(const TrainData&) = delete;
+
+  // Writes seq_len+1 tokens: the index-th sequence of step `step` (both 0-based).
+  void sequence(int64_t step, int64_t index, int32_t* out) const;
+  // One line, e.g. "llmc data/train.bin: 1048576 tokens".
+  std::string describe() const;
+
+  int seq_len() const { return seq_len_; }
+  bool synthetic() const { return chain_.has_value(); }
+  std::size_t num_tokens() const { return tokens_.size(); }  // 0 for synthetic
+
+ private:
+  TrainData() = default;
+
+  std::string source_;
+  std::string path_;
+  int seq_len_ = 0;
+  uint64_t stream_ = 0;                // key of this run's training draws
+  std::vector<int32_t> tokens_;        // file sources
+  std::optional<MarkovChain> chain_;   // synthetic source
+};
+
+// Validation tokens: read_token_file(data.source, data.val_path) when val_path is set
+// (an InputError if it holds fewer than seq_len+1 tokens); for the synthetic source, a
+// built-in held-out stream of 64 * (seq_len + 1) tokens: 64 windows drawn from the
+// training chain with keys training never uses; otherwise empty.
+std::vector<int32_t> load_validation_tokens(const DataConfig& data, const ModelConfig& model,
+                                            uint64_t seed);
+
+// Number of consecutive non-overlapping windows of seq_len+1 tokens (last partial dropped);
+// window w is tokens[w*(seq_len+1) .. w*(seq_len+1)+seq_len].
+int64_t validation_windows(std::size_t num_tokens, int seq_len);
+
+// The synthetic corpus's entropy rate in nats per token: the lowest expected loss any
+// model can reach on it (same for every seed). Compare with ln(vocab_size).
+double synthetic_entropy_nats(const ModelConfig& model);
+
+}  // namespace pptrain
