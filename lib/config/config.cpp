@@ -1,0 +1,260 @@
+// Loading a run configuration: read the file, parse YAML, reject unknown keys, apply
+// `--set key=value` overrides to the YAML tree, then decode (decode.cpp) and validate
+// (validate.cpp). Also holds the table of known keys and the error-location helpers.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "config/config.hpp"
+#include "config/config_detail.hpp"
+#include "core/error.hpp"
+
+namespace pptrain {
+namespace config_detail {
+
+#define PPTRAIN_FIELD(sec, name) \
+  Field { #sec, #name, [](Config& c) -> FieldRef { return &c.sec.name; } }
+
+std::span<const Field> fields() {
+  static const Field table[] = {
+      PPTRAIN_FIELD(model, n_layer),        PPTRAIN_FIELD(model, n_head),
+      PPTRAIN_FIELD(model, d_model),        PPTRAIN_FIELD(model, seq_len),
+      PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(parallel, tp),
+      PPTRAIN_FIELD(parallel, pp),          PPTRAIN_FIELD(parallel, dp),
+      PPTRAIN_FIELD(parallel, micro_batches), PPTRAIN_FIELD(parallel, micro_batch_size),
+      PPTRAIN_FIELD(parallel, schedule),    PPTRAIN_FIELD(parallel, virtual_stages),
+      PPTRAIN_FIELD(parallel, zero),        PPTRAIN_FIELD(train, steps),
+      PPTRAIN_FIELD(train, lr),             PPTRAIN_FIELD(train, min_lr),
+      PPTRAIN_FIELD(train, warmup_steps),   PPTRAIN_FIELD(train, lr_schedule),
+      PPTRAIN_FIELD(train, weight_decay),   PPTRAIN_FIELD(train, grad_clip),
+      PPTRAIN_FIELD(train, beta1),          PPTRAIN_FIELD(train, beta2),
+      PPTRAIN_FIELD(train, eps),            PPTRAIN_FIELD(train, seed),
+      PPTRAIN_FIELD(train, eval_every),     PPTRAIN_FIELD(train, eval_batches),
+      PPTRAIN_FIELD(train, threads),        PPTRAIN_FIELD(data, source),
+      PPTRAIN_FIELD(data, path),            PPTRAIN_FIELD(data, val_path),
+      PPTRAIN_FIELD(checkpoint, dir),       PPTRAIN_FIELD(checkpoint, every),
+      PPTRAIN_FIELD(checkpoint, keep),      PPTRAIN_FIELD(checkpoint, resume),
+      PPTRAIN_FIELD(logging, every),        PPTRAIN_FIELD(logging, metrics),
+      PPTRAIN_FIELD(logging, trace),        PPTRAIN_FIELD(logging, trace_steps),
+      PPTRAIN_FIELD(logging, level),
+      Field{"", "device", [](Config& c) -> FieldRef { return &c.device; }},
+  };
+  return table;
+}
+#undef PPTRAIN_FIELD
+
+std::span<const char* const> sections() {
+  static const char* const names[] = {"model", "parallel", "train",
+                                      "data", "checkpoint", "logging"};
+  return names;
+}
+
+std::string dotted(const Field& f) {
+  return *f.section ? std::string(f.section) + "." + f.key : std::string(f.key);
+}
+
+std::string Origins::where(const std::string& key) const {
+  for (auto it = override_keys.rbegin(); it != override_keys.rend(); ++it)
+    if (key == *it || key.starts_with(*it + ".") || key.starts_with(*it + "["))
+      return "--set " + *it;
+  if (auto it = value_line.find(key); it != value_line.end())
+    return file + ":" + std::to_string(it->second);
+  // The key is absent: blame its section.
+  if (auto dot = key.find('.'); dot != std::string::npos) {
+    std::string section = key.substr(0, dot);
+    if (auto it = section_line.find(section); it != section_line.end())
+      return file + ":" + std::to_string(it->second);
+    for (const std::string& o : override_keys)
+      if (o.starts_with(section + ".")) return "--set " + o;
+  }
+  return file;
+}
+
+void fail_key(const Origins& origins, const std::string& key, const std::string& reason) {
+  throw InputError(origins.where(key) + ": " + key + ": " + reason);
+}
+
+}  // namespace config_detail
+
+namespace {
+using namespace config_detail;
+
+bool is_section(const std::string& name) {
+  return std::ranges::find(sections(), name) != sections().end();
+}
+
+bool is_field(const std::string& key) {
+  return std::ranges::any_of(fields(), [&](const Field& f) { return dotted(f) == key; });
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown key 'K'", with the closest known key when it is close enough to be a typo
+// (or when the same name exists in another section).
+std::string unknown_key(const std::string& key) {
+  std::vector<std::string> known(sections().begin(), sections().end());
+  for (const Field& f : fields()) known.push_back(dotted(f));
+  std::string leaf = key.substr(key.rfind('.') + 1);  // npos + 1 == 0
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const std::string& k : known) {
+    std::size_t d = edit_distance(key, k);
+    if (k.substr(k.rfind('.') + 1) == leaf) d = std::min<std::size_t>(d, 1);
+    if (d < best_d) best_d = d, best = k;
+  }
+  std::string msg = "unknown key '" + key + "'";
+  if (best_d <= 2 || best_d * 3 <= key.size()) msg += " (did you mean '" + best + "'?)";
+  return msg;
+}
+
+std::string at_line(const std::string& file, const YAML::Mark& mark) {
+  return mark.is_null() ? file : file + ":" + std::to_string(mark.line + 1);
+}
+
+std::string read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError(path + ": cannot read config file: " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  int err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  if (err) throw InputError(path + ": cannot read config file: " + std::strerror(err));
+  return text;
+}
+
+// Parses the text into one YAML document whose top level is a map (empty: no keys).
+YAML::Node load_root(const std::string& text, const std::string& file) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::ParserException& e) {
+    throw InputError(at_line(file, e.mark) + ": YAML syntax error: " + e.msg);
+  }
+  if (docs.size() > 1)
+    throw InputError(at_line(file, docs[1].Mark()) + ": only one YAML document is allowed");
+  if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!docs[0].IsMap())
+    throw InputError(at_line(file, docs[0].Mark()) +
+                     ": the top level must be a map of sections (model, train, ...)");
+  return docs[0];
+}
+
+// Rejects unknown and duplicate keys in a map. `prefix` is "" at the top level. Errors
+// name the file's line, or `override_where` ("--set ...") for a map given in an override.
+void check_keys(const YAML::Node& map, const std::string& prefix, const std::string& file,
+                const std::string& override_where = "") {
+  std::set<std::string> seen;
+  for (const auto& kv : map) {
+    const YAML::Node& k = kv.first;
+    std::string loc = override_where.empty() ? at_line(file, k.Mark()) : override_where;
+    if (!k.IsScalar()) throw InputError(loc + ": keys must be plain names");
+    std::string key = prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
+    if (!seen.insert(key).second) throw InputError(loc + ": " + key + ": duplicate key");
+    if (prefix.empty() && is_section(key)) {
+      if (kv.second.IsMap()) check_keys(kv.second, key, file, override_where);
+    } else if (!is_field(key)) {
+      throw InputError(loc + ": " + unknown_key(key));
+    }
+  }
+}
+
+struct Override {
+  std::string text;  // as given, for messages
+  std::vector<std::string> path;
+  YAML::Node value;
+};
+
+Override parse_override(const std::string& text) {
+  std::string where = "--set " + text;
+  auto eq = text.find('=');
+  if (eq == std::string::npos)
+    throw InputError(where + ": expected KEY=VALUE, e.g. train.lr=3e-4");
+  std::string key = text.substr(0, eq);
+  key.erase(0, key.find_first_not_of(" \t"));
+  key.erase(key.find_last_not_of(" \t") + 1);
+  if (key.empty()) throw InputError(where + ": the key before '=' is empty");
+  Override o{text, {}, {}};
+  for (std::size_t start = 0;;) {
+    std::size_t dot = key.find('.', start);
+    o.path.push_back(key.substr(start, dot - start));
+    if (o.path.back().empty()) throw InputError(where + ": malformed key '" + key + "'");
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (!is_section(key) && !is_field(key)) throw InputError(where + ": " + unknown_key(key));
+  try {
+    o.value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::ParserException& e) {
+    throw InputError(where + ": invalid YAML value: " + e.msg);
+  }
+  if (is_section(key) && o.value.IsMap()) check_keys(o.value, key, "", where);
+  return o;
+}
+
+// Sets root[path...] = value, creating missing sections. Keys are removed before they
+// are re-added so that a node shared through a YAML alias is never written through.
+void apply_override(YAML::Node& root, const Override& o, const Origins& origins) {
+  YAML::Node node = root;  // a handle; reset() moves it, assignment would overwrite
+  for (std::size_t i = 0; i + 1 < o.path.size(); ++i) {
+    const std::string& name = o.path[i];
+    YAML::Node child = static_cast<const YAML::Node&>(node)[name];  // no insertion
+    if (!child.IsDefined() || child.IsNull()) {
+      node.remove(name);
+      node[name] = YAML::Node(YAML::NodeType::Map);
+    } else if (!child.IsMap()) {  // e.g. `train: 5` in the file, then --set train.lr=...
+      std::string loc = origins.where(name);
+      if (loc == origins.file) loc = at_line(origins.file, child.Mark());
+      throw InputError(loc + ": " + name + ": expected a map of keys, got " + describe(child) +
+                       " (while applying --set " + o.text + ")");
+    }
+    node.reset(node[name]);
+  }
+  node.remove(o.path.back());
+  node[o.path.back()] = o.value;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root = load_root(yaml_text, source_name);
+  check_keys(root, "", source_name);
+  Origins origins;
+  origins.file = source_name;
+  for (const std::string& text : overrides) {
+    Override o = parse_override(text);
+    apply_override(root, o, origins);
+    std::string key = o.path[0];
+    for (std::size_t i = 1; i < o.path.size(); ++i) key += "." + o.path[i];
+    origins.override_keys.push_back(key);
+  }
+  Config config = decode(root, origins);
+  validate(config, origins);
+  config.source_path = source_name;
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_config(read_file(path), path, overrides);
+}
+
+}  // namespace pptrain

@@ -1,0 +1,144 @@
+// Value rules for a decoded Config: ranges, allowed names and cross-key constraints.
+// Each failure names the key and the place its value came from (file line or --set).
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include "config/config_detail.hpp"
+
+namespace pptrain::config_detail {
+namespace {
+
+std::string num(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+// Small helpers that throw with the key's origin when a rule is broken.
+class Rules {
+ public:
+  explicit Rules(const Origins& origins) : origins_(origins) {}
+
+  void at_least(const char* key, long long value, long long min) const {
+    if (value < min)
+      fail(key, "must be >= " + std::to_string(min) + " (got " + std::to_string(value) + ")");
+  }
+  void positive(const char* key, double value) const {
+    if (!(value > 0)) fail(key, "must be > 0 (got " + num(value) + ")");
+  }
+  void non_negative(const char* key, double value) const {
+    if (!(value >= 0)) fail(key, "must be >= 0 (got " + num(value) + ")");
+  }
+  void unit_interval(const char* key, double value) const {  // [0, 1)
+    if (!(value >= 0 && value < 1)) fail(key, "must be in [0, 1) (got " + num(value) + ")");
+  }
+  void one_of(const char* key, const std::string& value,
+              std::initializer_list<const char*> allowed) const {
+    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
+    std::string list;
+    for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    fail(key, "must be one of " + list + " (got '" + value + "')");
+  }
+  [[noreturn]] void fail(const char* key, const std::string& reason) const {
+    fail_key(origins_, key, reason);
+  }
+
+ private:
+  const Origins& origins_;
+};
+
+void validate_model(const ModelConfig& m, const Rules& r) {
+  r.at_least("model.n_layer", m.n_layer, 1);
+  r.at_least("model.n_head", m.n_head, 1);
+  r.at_least("model.d_model", m.d_model, 1);
+  if (m.d_model % m.n_head != 0)
+    r.fail("model.d_model", "must be divisible by model.n_head (got d_model=" +
+                                std::to_string(m.d_model) + ", n_head=" +
+                                std::to_string(m.n_head) + ")");
+  r.at_least("model.seq_len", m.seq_len, 1);
+  r.at_least("model.vocab_size", m.vocab_size, 2);
+}
+
+void validate_parallel(const ParallelConfig& p, const Rules& r) {
+  r.at_least("parallel.tp", p.tp, 1);
+  r.at_least("parallel.pp", p.pp, 1);
+  r.at_least("parallel.dp", p.dp, 1);
+  r.at_least("parallel.micro_batches", p.micro_batches, 1);
+  r.at_least("parallel.micro_batch_size", p.micro_batch_size, 1);
+  r.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  r.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  if (p.zero != 0 && p.zero != 1)
+    r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
+  // This release trains on a single rank only.
+  const std::pair<const char*, int> degrees[] = {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}};
+  for (const auto& [name, value] : degrees) {
+    if (value == 1) continue;
+    r.fail((std::string("parallel.") + name).c_str(),
+           "tensor/pipeline/data parallelism is not available in this build yet; tp, pp "
+           "and dp must be 1 (got " + std::string(name) + "=" + std::to_string(value) + ")");
+  }
+}
+
+void validate_train(const TrainConfig& t, const Rules& r) {
+  r.at_least("train.steps", t.steps, 0);
+  r.positive("train.lr", t.lr);
+  r.non_negative("train.min_lr", t.min_lr);
+  if (t.min_lr > t.lr)
+    r.fail("train.min_lr", "must be <= train.lr (got min_lr=" + num(t.min_lr) + ", lr=" +
+                               num(t.lr) + ")");
+  r.at_least("train.warmup_steps", t.warmup_steps, 0);
+  r.one_of("train.lr_schedule", t.lr_schedule, {"cosine", "linear", "constant"});
+  r.non_negative("train.weight_decay", t.weight_decay);
+  r.non_negative("train.grad_clip", t.grad_clip);
+  r.unit_interval("train.beta1", t.beta1);
+  r.unit_interval("train.beta2", t.beta2);
+  r.positive("train.eps", t.eps);
+  r.at_least("train.eval_every", t.eval_every, 0);
+  r.at_least("train.eval_batches", t.eval_batches, 0);
+  r.at_least("train.threads", t.threads, 0);
+}
+
+void validate_data(const Config& c, const Rules& r) {
+  const DataConfig& d = c.data;
+  r.one_of("data.source", d.source, {"synthetic", "text", "llmc", "nanogpt"});
+  if (d.source != "synthetic" && d.path.empty())
+    r.fail("data.path", "is required when data.source is '" + d.source + "'");
+  if (d.source == "text" && c.model.vocab_size < 256)
+    r.fail("model.vocab_size", "must be >= 256 for data.source 'text' (byte tokens; got " +
+                                   std::to_string(c.model.vocab_size) + ")");
+}
+
+void validate_checkpoint(const CheckpointConfig& k, const Rules& r) {
+  r.at_least("checkpoint.every", k.every, 0);
+  r.at_least("checkpoint.keep", k.keep, 1);
+}
+
+void validate_logging(const LoggingConfig& l, const Rules& r) {
+  r.at_least("logging.every", l.every, 1);
+  r.one_of("logging.level", l.level, {"debug", "info", "warn", "error"});
+  for (std::size_t i = 0; i < l.trace_steps.size(); ++i) {
+    if (l.trace_steps[i] < 0)
+      r.fail("logging.trace_steps", "entries must be >= 0 (got " +
+                                        std::to_string(l.trace_steps[i]) + " at index " +
+                                        std::to_string(i) + ")");
+  }
+}
+
+}  // namespace
+
+void validate(const Config& config, const Origins& origins) {
+  Rules rules(origins);
+  validate_model(config.model, rules);
+  validate_parallel(config.parallel, rules);
+  validate_train(config.train, rules);
+  validate_data(config, rules);
+  validate_checkpoint(config.checkpoint, rules);
+  validate_logging(config.logging, rules);
+  rules.one_of("device", config.device, {"cpu", "auto", "cuda"});
+}
+
+}  // namespace pptrain::config_detail

@@ -1,0 +1,55 @@
+// Test helper: field-by-field comparison of two Configs (Config has no operator==).
+#pragma once
+#include <gtest/gtest.h>
+
+#include "config/config.hpp"
+
+namespace pptrain {
+
+inline void expect_same_config(const Config& a, const Config& b) {
+#define PPTRAIN_SAME(field) EXPECT_EQ(a.field, b.field) << #field
+  PPTRAIN_SAME(model.n_layer);
+  PPTRAIN_SAME(model.n_head);
+  PPTRAIN_SAME(model.d_model);
+  PPTRAIN_SAME(model.seq_len);
+  PPTRAIN_SAME(model.vocab_size);
+  PPTRAIN_SAME(parallel.tp);
+  PPTRAIN_SAME(parallel.pp);
+  PPTRAIN_SAME(parallel.dp);
+  PPTRAIN_SAME(parallel.micro_batches);
+  PPTRAIN_SAME(parallel.micro_batch_size);
+  PPTRAIN_SAME(parallel.schedule);
+  PPTRAIN_SAME(parallel.virtual_stages);
+  PPTRAIN_SAME(parallel.zero);
+  PPTRAIN_SAME(train.steps);
+  PPTRAIN_SAME(train.lr);
+  PPTRAIN_SAME(train.min_lr);
+  PPTRAIN_SAME(train.warmup_steps);
+  PPTRAIN_SAME(train.lr_schedule);
+  PPTRAIN_SAME(train.weight_decay);
+  PPTRAIN_SAME(train.grad_clip);
+  PPTRAIN_SAME(train.beta1);
+  PPTRAIN_SAME(train.beta2);
+  PPTRAIN_SAME(train.eps);
+  PPTRAIN_SAME(train.seed);
+  PPTRAIN_SAME(train.eval_every);
+  PPTRAIN_SAME(train.eval_batches);
+  PPTRAIN_SAME(train.threads);
+  PPTRAIN_SAME(data.source);
+  PPTRAIN_SAME(data.path);
+  PPTRAIN_SAME(data.val_path);
+  PPTRAIN_SAME(checkpoint.dir);
+  PPTRAIN_SAME(checkpoint.every);
+  PPTRAIN_SAME(checkpoint.keep);
+  PPTRAIN_SAME(checkpoint.resume);
+  PPTRAIN_SAME(logging.every);
+  PPTRAIN_SAME(logging.metrics);
+  PPTRAIN_SAME(logging.trace);
+  PPTRAIN_SAME(logging.trace_steps);
+  PPTRAIN_SAME(logging.level);
+  PPTRAIN_SAME(device);
+  PPTRAIN_SAME(source_path);
+#undef PPTRAIN_SAME
+}
+
+}  // namespace pptrain
