@@ -1,1 +1,260 @@
+// Forward results and call semantics of the CPU backend: GEMM against a naive loop,
+// reference values, accumulate-vs-overwrite, aliasing, causality and determinism.
+#include "ops/ops.hpp"
+
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "ops_test_util.hpp"
+
+namespace pptrain::ops {
+namespace {
+
+using testing::randn;
+
+class OpsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
+  const int M = 5, N = 7, K = 3;
+  const float alpha = 0.7f, beta = 0.3f;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::vector<float> A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
+      std::vector<float> C = C0;
+      ops->gemm(ta, tb, M, N, K, alpha, A.data(), B.data(), beta, C.data());
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          double s = 0;
+          for (int k = 0; k < K; ++k)
+            s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+          EXPECT_NEAR(C[i * N + j], alpha * s + beta * C0[i * N + j], 1e-5)
+              << "ta=" << ta << " tb=" << tb << " at " << i << "," << j;
+        }
+    }
+}
+
+TEST_F(OpsTest, GemmWithBetaZeroOverwritesGarbage) {
+  const int M = 3, N = 4, K = 2;
+  const std::vector<float> A = randn(M * K, 4), B = randn(K * N, 5);
+  std::vector<float> C(M * N, std::numeric_limits<float>::quiet_NaN());
+  ops->gemm(false, false, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      EXPECT_NEAR(C[i * N + j], A[i * K] * B[j] + A[i * K + 1] * B[N + j], 1e-6);
+}
+
+TEST_F(OpsTest, AddBiasAndBiasBackwardAccumulate) {
+  const int N = 3, C = 4;
+  const std::vector<float> x = randn(N * C, 6), bias = randn(C, 7);
+  std::vector<float> out = x;
+  ops->add_bias(out.data(), bias.data(), N, C);
+  ops->add_bias(out.data(), bias.data(), N, C);
+  for (int i = 0; i < N * C; ++i) EXPECT_FLOAT_EQ(out[i], x[i] + 2 * bias[i % C]);
+  std::vector<float> db(C, 1.0f);
+  ops->bias_backward(db.data(), x.data(), N, C);
+  ops->bias_backward(db.data(), x.data(), N, C);
+  for (int c = 0; c < C; ++c) EXPECT_NEAR(db[c], 1.0f + 2 * (x[c] + x[C + c] + x[2 * C + c]), 1e-5);
+}
+
+TEST_F(OpsTest, LayerNormForwardMatchesDoubleReference) {
+  const int N = 3, C = 10;
+  std::vector<float> x = randn(N * C, 8, 3.0f), w = randn(C, 9), b = randn(C, 10);
+  x[0] += 100.0f;
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    const double rs = 1.0 / std::sqrt(v / C + 1e-5);  // biased variance, eps 1e-5
+    EXPECT_NEAR(mean[n], m, 1e-5 * std::fabs(m) + 1e-6);
+    EXPECT_NEAR(rstd[n], rs, 1e-5 * rs);
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(out[n * C + c], (x[n * C + c] - m) * rs * w[c] + b[c], 1e-4);
+  }
+}
+
+TEST_F(OpsTest, LayerNormBackwardAccumulates) {
+  const int N = 2, C = 6;
+  const std::vector<float> x = randn(N * C, 11), w = randn(C, 12), b = randn(C, 13),
+                           d = randn(N * C, 14);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  std::vector<float> dx1(N * C, 0.0f), dw1(C, 0.0f), db1(C, 0.0f);
+  ops->layernorm_backward_input(dx1.data(), d.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                                N, C);
+  ops->layernorm_backward_weight(dw1.data(), db1.data(), d.data(), x.data(), mean.data(),
+                                 rstd.data(), N, C);
+  std::vector<float> dx2(N * C, 0.5f), dw2(C, 0.5f), db2(C, 0.5f);
+  for (int rep = 0; rep < 2; ++rep) {
+    ops->layernorm_backward_input(dx2.data(), d.data(), x.data(), w.data(), mean.data(),
+                                  rstd.data(), N, C);
+    ops->layernorm_backward_weight(dw2.data(), db2.data(), d.data(), x.data(), mean.data(),
+                                   rstd.data(), N, C);
+  }
+  for (int i = 0; i < N * C; ++i) EXPECT_NEAR(dx2[i], 0.5f + 2 * dx1[i], 1e-5);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_NEAR(dw2[c], 0.5f + 2 * dw1[c], 1e-5);
+    EXPECT_NEAR(db2[c], 0.5f + 2 * db1[c], 1e-5);
+  }
+}
+
+TEST_F(OpsTest, GeluMatchesTanhFormula) {
+  const std::vector<float> x = {-6.0f, -2.0f, -0.5f, 0.0f, 0.3f, 1.0f, 3.0f, 8.0f};
+  std::vector<float> out(x.size());
+  ops->gelu_forward(out.data(), x.data(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double ref = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(out[i], ref, 1e-6 + 1e-6 * std::fabs(ref)) << "x=" << v;
+  }
+  std::vector<float> d(x.size(), 1.0f);  // dinp may alias dout and overwrites
+  ops->gelu_backward(d.data(), x.data(), d.data(), x.size());
+  EXPECT_NEAR(d[3], 0.5f, 1e-7);
+}
+
+TEST_F(OpsTest, AttentionMatchesReferenceAcrossRowBlocks) {
+  const int B = 2, T = 150, C = 16, NH = 2;
+  const std::vector<float> qkv = randn(B * T * 3 * C, 20), dout = randn(B * T * C, 21);
+  std::vector<float> out(B * T * C), att(B * NH * T * T, 7.0f);
+  ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  std::vector<double> rout, ratt;
+  testing::reference_attention(rout, ratt, qkv, B, T, C, NH);
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], rout[i], 1e-5) << i;
+  for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], ratt[i], 1e-6) << i;
+  for (int bh = 0; bh < B * NH; ++bh)
+    for (int t = 0; t < T; ++t) {
+      double row = 0;
+      for (int j = 0; j < T; ++j) {
+        const float a = att[(std::size_t(bh) * T + t) * T + j];
+        if (j > t) {
+          ASSERT_EQ(a, 0.0f) << "above the diagonal";
+        }
+        row += a;
+      }
+      ASSERT_NEAR(row, 1.0, 1e-5);
+    }
+  std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+  ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  const std::vector<double> ref = testing::reference_attention_backward(qkv, dout, B, T, C, NH);
+  for (std::size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], ref[i], 1e-4) << i;
+}
+
+TEST_F(OpsTest, AttentionIsCausal) {
+  const int B = 1, T = 9, C = 8, NH = 2, changed = 4;
+  std::vector<float> qkv = randn(B * T * 3 * C, 22);
+  std::vector<float> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
+  ops->attention_forward(out1.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int c = C; c < 3 * C; ++c) qkv[changed * 3 * C + c] += 1.5f;  // token 4's k and v
+  ops->attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int t = 0; t < T; ++t) {
+    bool same = std::memcmp(&out1[t * C], &out2[t * C], C * sizeof(float)) == 0;
+    EXPECT_EQ(same, t < changed) << "row " << t;
+  }
+}
+
+TEST_F(OpsTest, EmbeddingForwardAndAccumulatingBackward) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int32_t> tokens = {4, 0, 4, 2, 2, 1};
+  const std::vector<float> wte = randn(V * C, 23), wpe = randn(T * C, 24), d = randn(B * T * C, 25);
+  std::vector<float> out(B * T * C);
+  ops->embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  for (int bt = 0; bt < B * T; ++bt)
+    for (int c = 0; c < C; ++c)
+      EXPECT_EQ(out[bt * C + c], wte[tokens[bt] * C + c] + wpe[(bt % T) * C + c]);
+  std::vector<float> dwte(V * C, 1.0f), dwpe(T * C, 1.0f);
+  ops->embedding_backward(dwte.data(), dwpe.data(), d.data(), tokens.data(), B, T, C);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_FLOAT_EQ(dwte[4 * C + c], 1.0f + d[0 * C + c] + d[2 * C + c]);
+    EXPECT_FLOAT_EQ(dwte[3 * C + c], 1.0f);
+    EXPECT_FLOAT_EQ(dwpe[1 * C + c], 1.0f + d[1 * C + c] + d[4 * C + c]);
+  }
+}
+
+TEST_F(OpsTest, CrossEntropyHandComputedAndPadding) {
+  // Row 0: logits (1, 2, 3), target 0: loss = log(e + e^2 + e^3) - 1.
+  const int N = 2, V = 3, Vp = 5;
+  const float big = 1e30f;
+  std::vector<float> logits = {1, 2, 3, big, -big, 1000, 1001, 999, big, big};
+  const std::vector<int32_t> targets = {0, 1};
+  std::vector<float> losses(N), dl(N * Vp, 5.0f);
+  ops->cross_entropy(losses.data(), dl.data(), logits.data(), targets.data(), N, V, Vp, 0.5f);
+  const double l0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 1.0;
+  const double l1 = std::log(std::exp(-1.0) + 1.0 + std::exp(-2.0));  // stable at 1000
+  EXPECT_NEAR(losses[0], l0, 1e-6);
+  EXPECT_NEAR(losses[1], l1, 1e-6);
+  EXPECT_NEAR(dl[0], 0.5 * (std::exp(1.0 - l0 - 1.0) - 1.0), 1e-6);
+  EXPECT_NEAR(dl[2], 0.5 * std::exp(3.0 - l0 - 1.0), 1e-6);
+  for (int n = 0; n < N; ++n)
+    for (int j = V; j < Vp; ++j) EXPECT_EQ(dl[n * Vp + j], 0.0f);
+  // Loss only, and in place (dlogits aliasing logits): same numbers.
+  std::vector<float> only(N);
+  ops->cross_entropy(only.data(), nullptr, logits.data(), targets.data(), N, V, Vp, 0.5f);
+  EXPECT_EQ(only, losses);
+  std::vector<float> inplace = logits, l2(N);
+  ops->cross_entropy(l2.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp, 0.5f);
+  EXPECT_EQ(l2, losses);
+  EXPECT_TRUE(same_bits(inplace, dl));
+}
+
+TEST_F(OpsTest, CrossEntropyRejectsTargetsOutsideVocab) {
+  std::vector<float> logits(8, 0.0f), losses(1);
+  for (int32_t bad : {-1, 6, 7}) {
+    EXPECT_THROW(ops->cross_entropy(losses.data(), nullptr, logits.data(), &bad, 1, 6, 8, 1.0f),
+                 std::logic_error)
+        << bad;
+  }
+}
+
+TEST_F(OpsTest, AddAliasesAndAccumulateAccumulates) {
+  std::vector<float> a = {1, 2, 3}, b = {10, 20, 30};
+  ops->add(a.data(), a.data(), b.data(), 3);
+  EXPECT_EQ(a, (std::vector<float>{11, 22, 33}));
+  ops->accumulate(b.data(), a.data(), 3);
+  ops->accumulate(b.data(), a.data(), 3);
+  EXPECT_EQ(b, (std::vector<float>{32, 64, 96}));
+}
+
+// Same inputs, same bits, every call (here with two GEMM threads).
+TEST(OpsDeterminism, RepeatedCallsAreBitIdentical) {
+  auto ops = make_cpu_ops(2);
+  const int B = 2, T = 70, C = 32, NH = 4, V = 50, Vp = 64;
+  const std::vector<float> qkv = randn(B * T * 3 * C, 30), dout = randn(B * T * C, 31);
+  const std::vector<float> logits = randn(B * T * Vp, 32);
+  std::vector<int32_t> targets(B * T);
+  for (int i = 0; i < B * T; ++i) targets[i] = (i * 7) % V;
+  std::vector<float> first;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size()), losses(B * T),
+        dl(logits.size()), w(C * C, 0.0f), g(C * C);
+    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    ops->cross_entropy(losses.data(), dl.data(), logits.data(), targets.data(), B * T, V, Vp, 1.0f);
+    ops->gemm(true, false, C, C, B * T, 1.0f, out.data(), dout.data(), 0.0f, g.data());
+    std::vector<float> all;
+    for (const auto* v : {&out, &att, &dqkv, &losses, &dl, &g})
+      all.insert(all.end(), v->begin(), v->end());
+    if (rep == 0) {
+      first = all;
+    } else {
+      EXPECT_TRUE(same_bits(all, first)) << "repeat " << rep;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pptrain::ops

@@ -1,0 +1,129 @@
+// CPU backend: causal multi-head self-attention, forward and backward.
+// Each (batch, head) runs as a few OpenBLAS GEMMs that read q, k and v in place from
+// qkv[B,T,3C] (leading dimension 3C) and write out[B,T,C] (leading dimension C).
+// Rows go in blocks of kAttentionRowBlock; a block only meets key columns up to its
+// last row, so most of the masked upper triangle is never computed.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "ops/cpu/cpu_math.hpp"
+#include "ops/cpu/cpu_ops.hpp"
+
+namespace pptrain::ops {
+
+namespace {
+
+// C[M,N] = alpha * op(A) @ op(B) + beta * C with explicit leading dimensions.
+void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// In place over row t of scores (columns [0, T)): softmax over [0, t], zeros after.
+void causal_softmax_row(float* row, int t, int T) {
+  const int n = t + 1;
+  const float maxv = cpu::row_max(row, n);
+  for (int j = 0; j < n; ++j) row[j] = cpu::exp_nonpositive(row[j] - maxv);
+  const float inv = static_cast<float>(1.0 / cpu::row_sum(row, n));
+  for (int j = 0; j < n; ++j) row[j] *= inv;
+  std::fill(row + n, row + T, 0.0f);
+}
+
+void check_shape(int B, int T, int C, int NH) {
+  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0, "attention: non-positive size");
+  PPTRAIN_CHECK(C % NH == 0, "attention: C must be a multiple of NH");
+}
+
+}  // namespace
+
+void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                               int NH) {
+  check_shape(B, T, C, NH);
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* q =
+          qkv + static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+      float* o = out + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
+      for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
+        const int r1 = std::min(T, r0 + kAttentionRowBlock);
+        float* a_rows = a + static_cast<std::size_t>(r0) * T;
+        // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
+        sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3, C3, k, C3,
+              0.0f, a_rows, T);
+        for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<std::size_t>(t) * T, t, T);
+        // out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
+        sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, C3, 0.0f,
+              o + static_cast<std::size_t>(r0) * C, C);
+      }
+    }
+  }
+}
+
+void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                int B, int T, int C, int NH) {
+  check_shape(B, T, C, NH);
+  const int hs = C / NH;
+  const int C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // dpre[T,T]: gradient w.r.t. the scaled scores q k^T (before the softmax).
+  float* dpre = float_scratch(static_cast<std::size_t>(T) * T);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const std::size_t head =
+          static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
+      const float* q = qkv + head;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + head;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+      const float* d =
+          dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
+      for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
+        const int r1 = std::min(T, r0 + kAttentionRowBlock);
+        float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
+        // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
+        sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, C3,
+              0.0f, p_rows, T);
+        // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
+        for (int t = r0; t < r1; ++t) {
+          float* p = dpre + static_cast<std::size_t>(t) * T;
+          const float* arow = a + static_cast<std::size_t>(t) * T;
+          const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
+          for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
+          std::fill(p + t + 1, p + T, 0.0f);
+        }
+        // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
+        sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, C3, 0.0f,
+              dq + static_cast<std::size_t>(r0) * C3, C3);
+      }
+      // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
+      // att are zero above the diagonal):
+      // dk[c0:c1] = dpre[c0:T, c0:c1]^T @ q[c0:T], dv[c0:c1] = att[c0:T, c0:c1]^T @ dout[c0:T].
+      for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
+        const int c1 = std::min(T, c0 + kAttentionRowBlock);
+        const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
+        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
+              q + static_cast<std::size_t>(c0) * C3, C3, 0.0f,
+              dk + static_cast<std::size_t>(c0) * C3, C3);
+        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
+              d + static_cast<std::size_t>(c0) * C, C, 0.0f, dv + static_cast<std::size_t>(c0) * C3,
+              C3);
+      }
+    }
+  }
+}
+
+}  // namespace pptrain::ops

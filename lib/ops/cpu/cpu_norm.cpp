@@ -1,0 +1,105 @@
+// CPU backend: LayerNorm (eps 1e-5, biased variance as PyTorch) and GELU (tanh form).
+// Row reductions run in double in a fixed order.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cpu/cpu_ops.hpp"
+
+namespace pptrain::ops {
+
+namespace {
+constexpr double kLayerNormEps = 1e-5;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+}  // namespace
+
+void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                               const float* w, const float* b, int N, int C) {
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + static_cast<std::size_t>(n) * C;
+    float* o = out + static_cast<std::size_t>(n) * C;
+    double sum = 0.0;
+    for (int c = 0; c < C; ++c) sum += x[c];
+    const double m = sum / C;
+    double sq = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const double d = x[c] - m;
+      sq += d * d;
+    }
+    const float mf = static_cast<float>(m);
+    const float rs = static_cast<float>(1.0 / std::sqrt(sq / C + kLayerNormEps));
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - mf) * rs * w[c] + b[c];
+    mean[n] = mf;
+    rstd[n] = rs;
+  }
+}
+
+void CpuOps::layernorm_backward_input(float* dinp, const float* dout, const float* inp,
+                                      const float* w, const float* mean, const float* rstd, int N,
+                                      int C) {
+  // dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * w.
+  for (int n = 0; n < N; ++n) {
+    const std::size_t off = static_cast<std::size_t>(n) * C;
+    const float* x = inp + off;
+    const float* d = dout + off;
+    float* dx = dinp + off;
+    const float m = mean[n];
+    const float rs = rstd[n];
+    double sum_g = 0.0;
+    double sum_gx = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const float g = d[c] * w[c];
+      sum_g += g;
+      sum_gx += static_cast<double>(g) * ((x[c] - m) * rs);
+    }
+    const float mean_g = static_cast<float>(sum_g / C);
+    const float mean_gx = static_cast<float>(sum_gx / C);
+    for (int c = 0; c < C; ++c) {
+      const float xhat = (x[c] - m) * rs;
+      dx[c] += rs * (d[c] * w[c] - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, const float* inp,
+                                       const float* mean, const float* rstd, int N, int C) {
+  double* acc_w = double_scratch(2 * static_cast<std::size_t>(C));
+  double* acc_b = acc_w + C;
+  std::fill(acc_w, acc_w + 2 * static_cast<std::size_t>(C), 0.0);
+  for (int n = 0; n < N; ++n) {
+    const std::size_t off = static_cast<std::size_t>(n) * C;
+    const float* x = inp + off;
+    const float* d = dout + off;
+    const float m = mean[n];
+    const float rs = rstd[n];
+    for (int c = 0; c < C; ++c) {
+      acc_w[c] += d[c] * ((x[c] - m) * rs);
+      acc_b[c] += d[c];
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    dw[c] += static_cast<float>(acc_w[c]);
+    db[c] += static_cast<float>(acc_b[c]);
+  }
+}
+
+void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + std::tanh(u));
+  }
+}
+
+void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    const float th = std::tanh(u);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = grad * dout[i];
+  }
+}
+
+}  // namespace pptrain::ops
