@@ -147,7 +147,6 @@ TrainResult train(const Config& cfg) {
                           {"loss", loss}};
       result.last_checkpoint = save_checkpoint(ckpt_dir, cfg.checkpoint.keep, model.layout(),
                                                model.params(), opt.exp_avg(), opt.exp_avg_sq(), meta);
-      spdlog::info("saved checkpoint {}", result.last_checkpoint);
     }
   }
   trace.write();
