@@ -1,0 +1,54 @@
+// Training checkpoints: one directory per step holding the weights as a Hugging Face
+// GPT-2 model.safetensors, the AdamW moments, and meta.json (step, config, trainer
+// state, file checksums). Saves are atomic; `latest` names the newest step dir.
+//
+//   <dir>/step_00000100/{model.safetensors, optimizer.safetensors, meta.json}
+//   <dir>/latest          text file: "step_00000100"
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/param_layout.hpp"
+
+namespace pptrain {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointMeta {
+  int64_t step = 0;            // optimizer steps completed
+  std::string config_yaml;     // resolved config of the run that saved it
+  nlohmann::json train_state;  // trainer-owned extras (data cursor, rng, loss so far...)
+};
+
+// Writes <dir>/step_%08lld/ (model.safetensors: every layout entry under its HF name
+// and hf_shape; optimizer.safetensors: "<name>.exp_avg" and "<name>.exp_avg_sq";
+// meta.json), fsyncing each file, through a temporary sibling dir renamed into place
+// (an existing dir of the same step is replaced atomically). Then replaces <dir>/latest
+// atomically and removes step dirs beyond the newest `keep` by step number (keep <= 0
+// keeps all; the dir just written is never removed). Creates <dir> if needed. On
+// failure the previous checkpoints and `latest` are untouched and std::runtime_error
+// says what failed. Returns the step dir path.
+std::string save_checkpoint(const std::string& dir, int keep, const ParamLayout& layout,
+                            const float* params, const float* exp_avg, const float* exp_avg_sq,
+                            const CheckpointMeta& meta);
+
+// "" -> "" (fresh start). "auto" -> the newest valid step dir in `dir` (`latest` first,
+// else step_* dirs newest first, skipping invalid ones with a warning), or "" if none.
+// Anything else is a path: a step dir, or a checkpoint root whose `latest` is followed;
+// InputError naming it if it is not a valid checkpoint. Validation reads both tensor
+// files and checks their checksums.
+std::string resolve_resume(const std::string& dir, const std::string& resume);
+
+// Loads a step dir into the arenas after verifying meta.json, the checksums and every
+// tensor's presence and shape (nothing is written to the arenas unless all of it is
+// right). Stored rows beyond hf_shape (padded vocab) are set to 0. exp_avg and
+// exp_avg_sq may both be nullptr to load weights only (optimizer.safetensors is then
+// not read). Any problem is an InputError "PATH: reason".
+CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& layout, float* params,
+                               float* exp_avg, float* exp_avg_sq);
+
+// True when `dir` holds any step_* checkpoint directory.
+bool has_checkpoints(const std::string& dir);
+
+}  // namespace pptrain
