@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev libcli11-dev
-          libspdlog-dev libopenblas-dev nlohmann-json3-dev libgtest-dev)
+          libspdlog-dev libopenblas-dev nlohmann-json3-dev libgtest-dev
+          openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
