@@ -65,7 +65,7 @@ int run(int argc, char** argv) {
     } else if (eval_cmd->parsed()) {
       pptrain::Config config = load(opts);
       const double loss = pptrain::evaluate_checkpoint(config);
-      std::printf("val_loss %.6f\n", loss);
+      std::printf("val_loss %.9f\n", loss);
     } else {
       pptrain::Config config = load(opts);
       const pptrain::TrainResult r = pptrain::train(config);

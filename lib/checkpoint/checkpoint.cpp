@@ -84,6 +84,11 @@ void write_step_dir(const fs::path& tmp, const ParamLayout& layout, const float*
   const WrittenFile o = write_safetensors_durable((tmp / "optimizer.safetensors").string(), optim,
                                                   {{"format", "pt"}});
   write_meta(tmp / "meta.json", meta, m, o);
+  for (const auto& [file_name, text] : meta.extra_files) {
+    DurableWriter out((tmp / file_name).string());
+    out.write(text.data(), text.size());
+    out.finish();
+  }
   fsync_dir(tmp.string());
 }
 

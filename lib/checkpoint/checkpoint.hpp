@@ -6,6 +6,7 @@
 //   <dir>/latest          text file: "step_00000100"
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -19,6 +20,9 @@ struct CheckpointMeta {
   int64_t step = 0;            // optimizer steps completed
   std::string config_yaml;     // resolved config of the run that saved it
   nlohmann::json train_state;  // trainer-owned extras (data cursor, rng, loss so far...)
+  // Small text files written into the step dir beside the tensors, by file name
+  // (e.g. the Hugging Face config.json). Not read back by load_checkpoint.
+  std::map<std::string, std::string> extra_files;
 };
 
 // Writes <dir>/step_%08lld/ (model.safetensors: every layout entry under its HF name
@@ -47,6 +51,10 @@ std::string resolve_resume(const std::string& dir, const std::string& resume);
 // not read). Any problem is an InputError "PATH: reason".
 CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& layout, float* params,
                                float* exp_avg, float* exp_avg_sq);
+
+// Hugging Face GPT-2 config.json text for `model` (saved as an extra file of each
+// checkpoint so transformers can load the step dir).
+std::string hf_gpt2_config(const ModelConfig& model);
 
 // True when `dir` holds any step_* checkpoint directory.
 bool has_checkpoints(const std::string& dir);

@@ -80,7 +80,7 @@ OpenCheckpoint open_checkpoint(const fs::path& dir, bool with_optimizer) {
   if (!j.contains("files") || !j["files"].is_object()) throw bad("no files object");
 
   OpenCheckpoint out{{j["step"].get<int64_t>(), j["config_yaml"].get<std::string>(),
-                      j.value("train_state", nlohmann::json())},
+                      j.value("train_state", nlohmann::json()), {}},
                      open_verified(dir, "model.safetensors", j["files"], meta_path),
                      std::nullopt};
   if (with_optimizer)

@@ -145,6 +145,7 @@ TrainResult train(const Config& cfg) {
       meta.train_state = {{"data_cursor", {{"seed", cfg.train.seed}, {"next_step", n}}},
                           {"tokens_seen", n * tokens_per_step(cfg)},
                           {"loss", loss}};
+      meta.extra_files["config.json"] = hf_gpt2_config(cfg.model);
       result.last_checkpoint = save_checkpoint(ckpt_dir, cfg.checkpoint.keep, model.layout(),
                                                model.params(), opt.exp_avg(), opt.exp_avg_sq(), meta);
     }
