@@ -50,12 +50,17 @@ class Ops {
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
                                   const float* att, int B, int T, int C, int NH) = 0;
 
-  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+  // Vocab-parallel embedding: wte holds the rows [vocab_begin, vocab_begin+vocab_rows)
+  // of the token table. out[b,t,:] = wte[tokens[b,t]-vocab_begin,:] for tokens in that
+  // range, 0 for others; plus wpe[t,:] when wpe is not null.
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int B, int T, int C) = 0;
-  // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+                                 int vocab_begin, int vocab_rows, const float* wpe, int B, int T,
+                                 int C) = 0;
+  // dwte[tokens[b,t]-vocab_begin,:] += dout[b,t,:] for tokens in range;
+  // dwpe[t,:] += dout[b,t,:] when dwpe is not null.
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                  const int32_t* tokens, int B, int T, int C) = 0;
+                                  const int32_t* tokens, int vocab_begin, int vocab_rows, int B,
+                                  int T, int C) = 0;
 
   // Softmax cross-entropy over the first V of Vp columns of logits[N,Vp] (the padded
   // columns are masked out). losses[n] = -log p[n, targets[n]];
@@ -63,6 +68,23 @@ class Ops {
   // dlogits may alias logits. dlogits == nullptr computes the loss only.
   virtual void cross_entropy(float* losses, float* dlogits, const float* logits,
                              const int32_t* targets, int N, int V, int Vp, float dloss) = 0;
+
+  // Vocab-parallel cross-entropy in three phases, for logits[N,Vl] that hold the
+  // columns [col_begin, col_begin+Vl) of the padded vocabulary (global columns >= V are
+  // padding). Between phases the caller all-reduces over the tensor-parallel group:
+  // rowmax with MAX after phase 1, stats with SUM after phase 2.
+  // 1. rowmax[n] = max over this shard's real columns (-inf when it has none).
+  virtual void ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin,
+                          int V) = 0;
+  // 2. stats[2n] = sum over real columns of exp(logit - rowmax[n]); stats[2n+1] = the
+  //    target's logit when its column is in this shard, else 0.
+  virtual void ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+                               const int32_t* targets, int N, int Vl, int col_begin, int V) = 0;
+  // 3. losses[n] = log(stats[2n]) + rowmax[n] - stats[2n+1]; when dlogits is not null
+  //    (it may alias logits) dlogits = dloss * (p - onehot(target)), 0 on padding.
+  virtual void ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+                         const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
+                         int V, float dloss) = 0;
 
   // out = a + b, elementwise (out may alias a or b).
   virtual void add(float* out, const float* a, const float* b, std::size_t n) = 0;

@@ -170,11 +170,11 @@ TEST_F(OpsGradTest, EmbeddingWithRepeatedTokens) {
   const std::vector<float> R = randn(B * T * C, 62);
   std::vector<float> out(B * T * C);
   auto loss = [&] {
-    ops->embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    ops->embedding_forward(out.data(), tokens.data(), wte.data(), 0, V, wpe.data(), B, T, C);
     return dot(out, R);
   };
   std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
-  ops->embedding_backward(dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
+  ops->embedding_backward(dwte.data(), dwpe.data(), R.data(), tokens.data(), 0, V, B, T, C);
   expect_ok(check_gradient(wte, dwte, loss, all_indices(wte.size())), "dwte");
   expect_ok(check_gradient(wpe, dwpe, loss, all_indices(wpe.size())), "dwpe");
   for (int c = 0; c < C; ++c) EXPECT_EQ(dwte[4 * C + c], 0.0f) << "token 4 is unused";

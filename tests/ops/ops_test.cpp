@@ -172,12 +172,12 @@ TEST_F(OpsTest, EmbeddingForwardAndAccumulatingBackward) {
   const std::vector<int32_t> tokens = {4, 0, 4, 2, 2, 1};
   const std::vector<float> wte = randn(V * C, 23), wpe = randn(T * C, 24), d = randn(B * T * C, 25);
   std::vector<float> out(B * T * C);
-  ops->embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  ops->embedding_forward(out.data(), tokens.data(), wte.data(), 0, V, wpe.data(), B, T, C);
   for (int bt = 0; bt < B * T; ++bt)
     for (int c = 0; c < C; ++c)
       EXPECT_EQ(out[bt * C + c], wte[tokens[bt] * C + c] + wpe[(bt % T) * C + c]);
   std::vector<float> dwte(V * C, 1.0f), dwpe(T * C, 1.0f);
-  ops->embedding_backward(dwte.data(), dwpe.data(), d.data(), tokens.data(), B, T, C);
+  ops->embedding_backward(dwte.data(), dwpe.data(), d.data(), tokens.data(), 0, V, B, T, C);
   for (int c = 0; c < C; ++c) {
     EXPECT_FLOAT_EQ(dwte[4 * C + c], 1.0f + d[0 * C + c] + d[2 * C + c]);
     EXPECT_FLOAT_EQ(dwte[3 * C + c], 1.0f);

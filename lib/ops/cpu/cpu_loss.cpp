@@ -1,5 +1,7 @@
 // CPU backend: softmax cross-entropy over the first V of Vp logit columns.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
 #include "ops/cpu/cpu_math.hpp"
@@ -31,6 +33,55 @@ void CpuOps::cross_entropy(float* losses, float* dlogits, const float* logits,
     for (int j = 0; j < V; ++j) e[j] *= scale;
     e[target] -= dloss;
     for (int j = V; j < Vp; ++j) e[j] = 0.0f;
+  }
+}
+
+}  // namespace pptrain::ops
+
+namespace pptrain::ops {
+
+namespace {
+// The real (unpadded) columns of a shard: [0, count) of its local columns.
+int real_columns(int Vl, int col_begin, int V) { return std::max(0, std::min(Vl, V - col_begin)); }
+}  // namespace
+
+void CpuOps::ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin, int V) {
+  const int real = real_columns(Vl, col_begin, V);
+  for (int n = 0; n < N; ++n)
+    rowmax[n] = real > 0 ? cpu::row_max(logits + static_cast<std::size_t>(n) * Vl, real)
+                         : -std::numeric_limits<float>::infinity();
+}
+
+void CpuOps::ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+                             const int32_t* targets, int N, int Vl, int col_begin, int V) {
+  const int real = real_columns(Vl, col_begin, V);
+  float* e = float_scratch(static_cast<std::size_t>(std::max(real, 1)));
+  for (int n = 0; n < N; ++n) {
+    const float* x = logits + static_cast<std::size_t>(n) * Vl;
+    PPTRAIN_CHECK(targets[n] >= 0 && targets[n] < V, "cross_entropy: target outside [0, V)");
+    for (int j = 0; j < real; ++j) e[j] = cpu::exp_nonpositive(x[j] - rowmax[n]);
+    stats[2 * n] = real > 0 ? static_cast<float>(cpu::row_sum(e, real)) : 0.0f;
+    const int local = targets[n] - col_begin;
+    stats[2 * n + 1] = local >= 0 && local < real ? x[local] : 0.0f;
+  }
+}
+
+void CpuOps::ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+                       const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
+                       int V, float dloss) {
+  const int real = real_columns(Vl, col_begin, V);
+  for (int n = 0; n < N; ++n) {
+    const double sum = stats[2 * n];
+    losses[n] = static_cast<float>(std::log(sum) + rowmax[n] - double(stats[2 * n + 1]));
+    if (dlogits == nullptr) continue;
+    const std::size_t off = static_cast<std::size_t>(n) * Vl;
+    const float* x = logits + off;
+    float* d = dlogits + off;
+    const float scale = static_cast<float>(dloss / sum);
+    for (int j = 0; j < real; ++j) d[j] = cpu::exp_nonpositive(x[j] - rowmax[n]) * scale;
+    for (int j = real; j < Vl; ++j) d[j] = 0.0f;
+    const int local = targets[n] - col_begin;
+    if (local >= 0 && local < real) d[local] -= dloss;
   }
 }
 

@@ -54,33 +54,43 @@ void CpuOps::bias_backward(float* dbias, const float* dout, int N, int C) {
 }
 
 void CpuOps::embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                               const float* wpe, int B, int T, int C) {
+                               int vocab_begin, int vocab_rows, const float* wpe, int B, int T,
+                               int C) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const std::size_t bt = static_cast<std::size_t>(b) * T + t;
       PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_forward: negative token id");
-      const float* e = wte + static_cast<std::size_t>(tokens[bt]) * C;
-      const float* p = wpe + static_cast<std::size_t>(t) * C;
+      const int row = tokens[bt] - vocab_begin;
       float* o = out + bt * C;
-      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      if (row >= 0 && row < vocab_rows) {
+        const float* e = wte + static_cast<std::size_t>(row) * C;
+        for (int c = 0; c < C; ++c) o[c] = e[c];
+      } else {
+        for (int c = 0; c < C; ++c) o[c] = 0.0f;
+      }
+      if (wpe == nullptr) continue;
+      const float* p = wpe + static_cast<std::size_t>(t) * C;
+      for (int c = 0; c < C; ++c) o[c] += p[c];
     }
   }
 }
 
 void CpuOps::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                int B, int T, int C) {
+                                int vocab_begin, int vocab_rows, int B, int T, int C) {
   // Sequential in (b, t) order, so repeated tokens always add up the same way.
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const std::size_t bt = static_cast<std::size_t>(b) * T + t;
       PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_backward: negative token id");
       const float* d = dout + bt * C;
-      float* e = dwte + static_cast<std::size_t>(tokens[bt]) * C;
-      float* p = dwpe + static_cast<std::size_t>(t) * C;
-      for (int c = 0; c < C; ++c) {
-        e[c] += d[c];
-        p[c] += d[c];
+      const int row = tokens[bt] - vocab_begin;
+      if (row >= 0 && row < vocab_rows) {
+        float* e = dwte + static_cast<std::size_t>(row) * C;
+        for (int c = 0; c < C; ++c) e[c] += d[c];
       }
+      if (dwpe == nullptr) continue;
+      float* p = dwpe + static_cast<std::size_t>(t) * C;
+      for (int c = 0; c < C; ++c) p[c] += d[c];
     }
   }
 }

@@ -36,13 +36,20 @@ class CpuOps final : public Ops {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                           int T, int C, int NH) override;
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int B, int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                          int T, int C) override;
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
+                         int vocab_rows, const float* wpe, int B, int T, int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int vocab_begin, int vocab_rows, int B, int T, int C) override;
 
   void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                      int N, int V, int Vp, float dloss) override;
+  void ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin,
+                  int V) override;
+  void ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+                       const int32_t* targets, int N, int Vl, int col_begin, int V) override;
+  void ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+                 const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
+                 float dloss) override;
 
   void add(float* out, const float* a, const float* b, std::size_t n) override;
   void accumulate(float* dst, const float* src, std::size_t n) override;
