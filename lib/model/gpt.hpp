@@ -1,12 +1,16 @@
-// The GPT-2 model on one rank: parameters and gradients in flat arenas described by
-// the parameter layout table, activations for one micro-batch, and the forward pass
-// plus a backward split into an input-gradient pass and a weight-gradient pass
-// (1F1B runs them back to back; zero-bubble schedules will move the second).
-// All arithmetic goes through the ops::Ops backend interface.
+// The GPT-2 model part one rank holds: parameters and gradients in flat arenas described
+// by the parameter layout table, one or more chunks (pipeline stages) of layers, and the
+// tensor-parallel shard of every layer (Megatron-style: column-parallel c_attn/c_fc,
+// row-parallel c_proj, vocab-parallel embedding and cross-entropy, all-reduces over the
+// tp group). Forward keeps one micro-batch's activations in an Activations object;
+// backward is split into an input-gradient pass and a weight-gradient pass, so pipeline
+// schedules can run the second later. All arithmetic goes through ops::Ops.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "core/aligned_buffer.hpp"
 #include "model/param_layout.hpp"
@@ -14,8 +18,8 @@
 
 namespace pptrain {
 
-// Floats of activation storage (forward values and saved gradients) for one
-// micro-batch of `batch` sequences.
+// Floats of activation storage (forward values and saved gradients) for one micro-batch
+// of `batch` sequences through the whole (unsplit) model.
 int64_t gpt_activation_floats(const ModelConfig& model, int batch);
 
 // Training FLOPs per token (forward + backward): 6 per multiply-accumulate weight
@@ -24,12 +28,21 @@ double gpt_flops_per_token(const ModelConfig& model);
 
 class GptModel {
  public:
-  // `batch` is the micro-batch size in sequences; every call works on batch x seq_len tokens.
-  GptModel(const ModelConfig& model, int batch, ops::Ops& ops);
+  struct Activations;  // one micro-batch's saved values for one chunk
+
+  // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group
+  // (may be null when part.tp_size == 1).
+  GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
+           const ModelPartition& part, comm::Group* tp = nullptr);
+  GptModel(const ModelConfig& model, int batch, ops::Ops& ops)
+      : GptModel(model, batch, ops, whole_model(model)) {}
+  ~GptModel();
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
+  const ModelPartition& partition() const { return part_; }
   int batch() const { return B_; }
+  int num_chunks() const { return int(part_.chunks.size()); }
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -37,52 +50,63 @@ class GptModel {
 
   // GPT-2 initialisation: N(0, 0.02) for weights and embeddings, residual output
   // projections N(0, 0.02/sqrt(2*n_layer)), LayerNorm weight 1, biases 0, padded vocab
-  // rows 0. Each element is a function of (seed, tensor name, element index).
+  // rows 0. Each element is a function of (seed, tensor name, global element index).
   void init_parameters(uint64_t seed);
   void zero_grads();
 
-  // Forward on inputs/targets [batch, seq_len]; returns the mean loss. With
-  // loss_scale > 0 it prepares backward of (loss_scale * mean loss): the activations
-  // are kept and the logits are turned into their gradient in place (fused
-  // cross-entropy). loss_scale == 0 is evaluation only.
-  float forward(const int32_t* inputs, const int32_t* targets, float loss_scale = 0.0f);
-  // Input gradients through every layer, after forward with loss_scale > 0; saves the
-  // output gradients the weight pass needs.
-  void backward_input();
-  // Weight gradients, accumulated into grads(); call after backward_input.
-  void backward_weight();
-  // Per-position losses [batch, seq_len] of the last forward.
-  const float* position_losses() const { return losses_.data(); }
+  std::unique_ptr<Activations> new_activations(int chunk) const;
+
+  // Forward of one chunk on a micro-batch [batch, seq_len]. A first chunk reads
+  // `tokens`; any other reads `input` [batch, seq_len, d_model] (the previous stage's
+  // output). A last chunk returns the mean loss over `targets`; with loss_scale > 0 it
+  // prepares backward of (loss_scale * mean loss) (the fused cross-entropy turns the
+  // logits into their gradient); loss_scale == 0 is evaluation only. Other chunks return
+  // 0 and leave their output in output(a).
+  float forward(int chunk, Activations& a, const int32_t* tokens, const float* input,
+                const int32_t* targets, float loss_scale);
+  // The single-chunk whole model: forward on tokens/targets.
+  float forward(const int32_t* tokens, const int32_t* targets, float loss_scale = 0.0f);
+
+  // Input gradients through the chunk, after a training forward. A non-last chunk first
+  // needs the gradient of its output written to output_grad(a).
+  void backward_input(int chunk, Activations& a);
+  // Weight gradients of the chunk, accumulated into grads(); after backward_input.
+  void backward_weight(int chunk, Activations& a);
+  void backward_input();   // single-chunk whole model
+  void backward_weight();  // single-chunk whole model
+
+  const float* output(const Activations& a) const;   // [B,T,C] to send forward
+  float* output_grad(Activations& a) const;          // where dL/d(output) is received
+  const float* input_grad(const Activations& a) const;  // [B,T,C] dL/d(input) to send back
+  // Per-position losses [batch, seq_len] of a last chunk's forward.
+  const float* position_losses(const Activations& a) const;
+  const float* position_losses() const;  // single-chunk whole model
 
  private:
-  struct LayerActs {
-    AlignedBuffer<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean,
-        ln2_rstd, fch, fch_gelu;
-    // Saved output gradients for the weight pass.
-    AlignedBuffer<float> dres2, dfch, dln2, dqkv, dln1;
-  };
-  // Pointers to one layer's twelve tensors, in layout order, in the parameter or
-  // gradient arena.
+  // Pointers to one layer's twelve tensors in the parameter or gradient arena.
   struct LayerTensors {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b,
         *fcproj_w, *fcproj_b;
   };
-  LayerTensors layer_tensors(float* arena, int l) const;
+  LayerTensors layer_tensors(float* arena, int layer) const;
   float* tensor(float* arena, const char* name) const;
-  void layer_forward(int l);
-  void layer_backward_input(int l);
-  void layer_backward_weight(int l);
+  void all_reduce_tp(float* data, std::size_t n);
+  void layer_forward(int layer, Activations& a, int local);
+  void layer_backward_input(int layer, Activations& a, int local);
+  void layer_backward_weight(int layer, Activations& a, int local);
+  void embed(Activations& a);
+  float head_forward(Activations& a, float loss_scale);
+  void head_backward_input(Activations& a);
 
   ModelConfig cfg_;
-  int B_, T_, C_, NH_, Vp_;
+  ModelPartition part_;
+  int B_, T_, C_, Cl_, NH_, NHl_, Vrows_, vocab_begin_;
   ops::Ops& ops_;
+  comm::Group* tp_;
   ParamLayout layout_;
   AlignedBuffer<float> params_, grads_;
-  std::vector<int32_t> inputs_, targets_;
-  std::vector<AlignedBuffer<float>> x_;   // x_[l]: input of layer l; x_[L]: final residual
-  std::vector<AlignedBuffer<float>> dx_;  // gradients w.r.t. x_[l]
-  std::vector<LayerActs> layers_;
-  AlignedBuffer<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, dlnf_;
+  std::vector<std::size_t> layer_offsets_;  // 12 offsets per global layer (if held)
+  std::unique_ptr<Activations> whole_;      // activations of the single-chunk helpers
 };
 
 }  // namespace pptrain

@@ -1,5 +1,6 @@
 // GPT-2 parameter initialisation, layout-independent: each element's value is a
-// function of (seed, tensor name, element index in the GPT-2-shaped tensor).
+// function of (seed, tensor name, element index in the global GPT-2 tensor), so every
+// tensor-parallel shard and pipeline stage draws exactly its slice of the same model.
 #include <cmath>
 #include <string>
 
@@ -27,9 +28,10 @@ void GptModel::init_parameters(uint64_t seed) {
     const bool residual_proj = ends_with(e.name, "c_proj.weight");
     const double stddev = residual_proj ? residual_std : 0.02;
     const uint64_t stream = hash_words(seed, hash_string(e.name));
-    // Only the GPT-2-shaped leading rows are drawn; padded vocab rows stay 0.
-    for (size_t i = 0; i < e.hf_numel(); ++i)
-      p[i] = float(stddev * standard_normal(hash_words(stream, i)));
+    // Padded vocab rows stay 0.
+    fill_from_global(
+        e, [&](int64_t i) { return float(stddev * standard_normal(hash_words(stream, uint64_t(i)))); },
+        p);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "core/aligned_buffer.hpp"
+#include "core/error.hpp"
 
 namespace pptrain {
 
@@ -16,8 +17,8 @@ std::size_t product(const std::vector<int64_t>& shape) {
 
 std::size_t ParamEntry::hf_numel() const { return product(hf_shape); }
 
-void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
-                      std::vector<int64_t> hf_shape) {
+ParamEntry& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
+                             std::vector<int64_t> hf_shape) {
   constexpr std::size_t kAlignFloats = kArenaAlignment / sizeof(float);
   ParamEntry e;
   e.name = name;
@@ -28,6 +29,7 @@ void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool 
   e.offset = (total_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   total_ = e.offset + e.numel;
   entries_.push_back(std::move(e));
+  return entries_.back();
 }
 
 const ParamEntry& ParamLayout::at(const std::string& name) const {
@@ -36,35 +38,128 @@ const ParamEntry& ParamLayout::at(const std::string& name) const {
   throw std::out_of_range("no parameter named " + name);
 }
 
+bool ParamLayout::contains(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return true;
+  return false;
+}
+
 int64_t ParamLayout::hf_param_count() const {
   int64_t n = 0;
-  for (const auto& e : entries_) n += static_cast<int64_t>(e.hf_numel());
+  for (const auto& e : entries_)
+    if (!e.tied_copy) n += static_cast<int64_t>(e.hf_numel()) / e.num_shards;
   return n;
 }
 
-ParamLayout gpt_param_layout(const ModelConfig& m) {
-  const int64_t C = m.d_model, V = m.vocab_size, Vp = padded_vocab(m), T = m.seq_len;
+ModelPartition whole_model(const ModelConfig& model) {
+  ModelPartition p;
+  p.chunks.push_back({0, model.n_layer, true, true});
+  return p;
+}
+
+int vocab_rows_per_shard(const ModelConfig& m, int tp_size) {
+  return padded_vocab(m, 128 * tp_size) / tp_size;
+}
+
+ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
+  const int tp = part.tp_size, r = part.tp_rank;
+  PPTRAIN_CHECK(tp >= 1 && m.n_head % tp == 0, "tp must divide n_head");
+  const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, Cl = C / tp;
   ParamLayout layout;
-  layout.add("transformer.wte.weight", {Vp, C}, true, {V, C});  // (vocab, C), tied LM head
-  layout.add("transformer.wpe.weight", {T, C}, true);           // (seq_len, C)
-  for (int l = 0; l < m.n_layer; ++l) {
-    const std::string h = "transformer.h." + std::to_string(l) + ".";
-    layout.add(h + "ln_1.weight", {C}, false);
-    layout.add(h + "ln_1.bias", {C}, false);
-    layout.add(h + "attn.c_attn.weight", {C, 3 * C}, true);  // (in, out): q|k|v
-    layout.add(h + "attn.c_attn.bias", {3 * C}, false);
-    layout.add(h + "attn.c_proj.weight", {C, C}, true);
-    layout.add(h + "attn.c_proj.bias", {C}, false);
-    layout.add(h + "ln_2.weight", {C}, false);
-    layout.add(h + "ln_2.bias", {C}, false);
-    layout.add(h + "mlp.c_fc.weight", {C, 4 * C}, true);
-    layout.add(h + "mlp.c_fc.bias", {4 * C}, false);
-    layout.add(h + "mlp.c_proj.weight", {4 * C, C}, true);
-    layout.add(h + "mlp.c_proj.bias", {C}, false);
+  // Shorthands: a replicated tensor, a tensor split along `dim` into `groups` groups.
+  auto whole = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
+    layout.add(name, std::move(shape), decay);
+  };
+  auto split = [&](const std::string& name, std::vector<int64_t> local,
+                   std::vector<int64_t> global, int dim, int groups, bool decay) {
+    ParamEntry& e = layout.add(name, std::move(local), decay, std::move(global));
+    e.split_dim = tp > 1 ? dim : -1;
+    e.split_groups = groups;
+    e.shard = r;
+    e.num_shards = tp;
+  };
+  auto add_wte = [&](bool copy) {
+    ParamEntry& e = layout.add("transformer.wte.weight", {vocab_rows_per_shard(m, tp), C}, true,
+                               {V, C});
+    e.split_dim = 0;  // vocab-parallel; with tp == 1 only the padding is "outside"
+    e.shard = r;
+    e.num_shards = tp;
+    e.tied_copy = copy;
+  };
+  for (const ChunkSpec& c : part.chunks) {
+    if (c.first) {
+      add_wte(false);
+      whole("transformer.wpe.weight", {T, C}, true);
+    }
+    for (int l = c.layer_begin; l < c.layer_end; ++l) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".";
+      whole(h + "ln_1.weight", {C}, false);
+      whole(h + "ln_1.bias", {C}, false);
+      split(h + "attn.c_attn.weight", {C, 3 * Cl}, {C, 3 * C}, 1, 3, true);  // column: q|k|v
+      split(h + "attn.c_attn.bias", {3 * Cl}, {3 * C}, 0, 3, false);
+      split(h + "attn.c_proj.weight", {Cl, C}, {C, C}, 0, 1, true);  // row-parallel
+      whole(h + "attn.c_proj.bias", {C}, false);
+      whole(h + "ln_2.weight", {C}, false);
+      whole(h + "ln_2.bias", {C}, false);
+      split(h + "mlp.c_fc.weight", {C, 4 * Cl}, {C, 4 * C}, 1, 1, true);  // column
+      split(h + "mlp.c_fc.bias", {4 * Cl}, {4 * C}, 0, 1, false);
+      split(h + "mlp.c_proj.weight", {4 * Cl, C}, {4 * C, C}, 0, 1, true);  // row
+      whole(h + "mlp.c_proj.bias", {C}, false);
+    }
+    if (c.last) {
+      whole("transformer.ln_f.weight", {C}, false);
+      whole("transformer.ln_f.bias", {C}, false);
+      if (!layout.contains("transformer.wte.weight")) add_wte(part.tied_copy_on_last);
+    }
   }
-  layout.add("transformer.ln_f.weight", {C}, false);
-  layout.add("transformer.ln_f.bias", {C}, false);
   return layout;
+}
+
+namespace {
+// Walks the local elements of `e` and the matching global element index (or -1 for
+// padding), calling f(local_index, global_index).
+template <typename F>
+void for_each_slice_element(const ParamEntry& e, F f) {
+  if (e.split_dim < 0) {
+    for (std::size_t i = 0; i < e.numel; ++i) f(i, int64_t(i));
+    return;
+  }
+  const int d = e.split_dim;
+  // View both tensors as [outer, extent along d, inner].
+  std::size_t outer = 1, inner = 1;
+  for (int k = 0; k < d; ++k) outer *= std::size_t(e.shape[k]);
+  for (std::size_t k = d + 1; k < e.shape.size(); ++k) inner *= std::size_t(e.shape[k]);
+  const int64_t local_extent = e.shape[d], global_extent = e.hf_shape[d];
+  const int64_t group_local = local_extent / e.split_groups;
+  const int64_t group_global = group_local * e.num_shards;  // padded group size
+  for (std::size_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < local_extent; ++j) {
+      const int64_t g = j / group_local, within = j % group_local;
+      const int64_t global_j = g * group_global + int64_t(e.shard) * group_local + within;
+      for (std::size_t in = 0; in < inner; ++in) {
+        const std::size_t li = (o * std::size_t(local_extent) + std::size_t(j)) * inner + in;
+        const int64_t gi = global_j < global_extent
+                               ? int64_t((o * std::size_t(global_extent) + std::size_t(global_j)) * inner + in)
+                               : -1;
+        f(li, gi);
+      }
+    }
+}
+}  // namespace
+
+void slice_from_global(const ParamEntry& e, const float* global, float* local) {
+  for_each_slice_element(e, [&](std::size_t li, int64_t gi) { local[li] = gi >= 0 ? global[gi] : 0.0f; });
+}
+
+void fill_from_global(const ParamEntry& e, const std::function<float(int64_t)>& value,
+                      float* local) {
+  for_each_slice_element(e, [&](std::size_t li, int64_t gi) { local[li] = gi >= 0 ? value(gi) : 0.0f; });
+}
+
+void slice_to_global(const ParamEntry& e, const float* local, float* global) {
+  for_each_slice_element(e, [&](std::size_t li, int64_t gi) {
+    if (gi >= 0) global[gi] = local[li];
+  });
 }
 
 }  // namespace pptrain

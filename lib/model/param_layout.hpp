@@ -1,10 +1,12 @@
-// The parameter layout table: every tensor's Hugging Face GPT-2 name, shape and
-// offset in one flat fp32 arena. Parameters, gradients and the optimizer's moment
-// buffers all use the same table, so the optimizer, the checkpoint and (later) the
-// data-parallel gradient buckets agree on where each tensor lives.
+// The parameter layout table: every tensor this rank holds, under its Hugging Face
+// GPT-2 name, with its local shape, how it is sliced out of the global GPT-2 tensor
+// (tensor parallelism), and its offset in one flat fp32 arena. Parameters, gradients
+// and optimizer moments all use the same table, so the optimizer, the checkpoint and
+// the data-parallel gradient reduction agree on where each tensor lives.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,21 +16,35 @@ namespace pptrain {
 
 struct ParamEntry {
   std::string name;               // e.g. "transformer.h.3.attn.c_attn.weight"
-  std::vector<int64_t> shape;     // shape stored in the arena (wte: padded vocab rows)
-  std::vector<int64_t> hf_shape;  // shape in a GPT-2 checkpoint: the leading rows of `shape`
+  std::vector<int64_t> shape;     // local shape stored in the arena
+  std::vector<int64_t> hf_shape;  // global shape in a GPT-2 checkpoint
   std::size_t offset = 0;         // in floats from the arena start; 256-byte aligned
   std::size_t numel = 0;          // product of `shape`
   bool decay = false;             // AdamW weight decay applies (2-D weights, embeddings)
+  // Tensor-parallel slicing: the global tensor, padded to shape[split_dim] * num_shards
+  // along split_dim (wte's vocab padding), is cut into split_groups equal groups along
+  // split_dim (3 for q|k|v), and this rank holds the shard-th of num_shards chunks of
+  // every group. split_dim -1: the whole tensor (replicated across tp ranks).
+  int split_dim = -1;
+  int split_groups = 1;
+  int shard = 0;
+  int num_shards = 1;
+  // A second copy of a tensor another rank also holds (the tied token embedding on the
+  // last pipeline stage): its gradient is summed with the first copy's and it is left
+  // out of norms and checkpoints.
+  bool tied_copy = false;
   std::size_t hf_numel() const;   // product of `hf_shape`
+  bool replicated() const { return split_dim < 0; }
 };
 
 class ParamLayout {
  public:
-  // Appends a tensor; `hf_shape` empty means the same as `shape`.
-  void add(const std::string& name, std::vector<int64_t> shape, bool decay,
-           std::vector<int64_t> hf_shape = {});
+  // Appends a tensor; `hf_shape` empty means the same as `shape`. Returns the entry.
+  ParamEntry& add(const std::string& name, std::vector<int64_t> shape, bool decay,
+                  std::vector<int64_t> hf_shape = {});
   const std::vector<ParamEntry>& entries() const { return entries_; }
   const ParamEntry& at(const std::string& name) const;  // throws std::out_of_range
+  bool contains(const std::string& name) const;
   std::size_t total_floats() const { return total_; }   // arena size including alignment gaps
   int64_t hf_param_count() const;                       // real parameters (GPT-2 shapes)
 
@@ -37,8 +53,42 @@ class ParamLayout {
   std::size_t total_ = 0;
 };
 
-// GPT-2's tensors in Hugging Face order and names, with Conv1D weights stored as
-// (in, out) exactly as GPT-2 checkpoints do. The LM head is tied to wte.
-ParamLayout gpt_param_layout(const ModelConfig& model);
+// Which part of the model a rank holds: one or more chunks (virtual pipeline stages),
+// each a range of layers, plus its tensor-parallel shard.
+struct ChunkSpec {
+  int layer_begin = 0, layer_end = 0;  // layers [begin, end)
+  bool first = true;                   // holds the embeddings (input: tokens)
+  bool last = true;                    // holds ln_f and the tied head (computes the loss)
+};
+struct ModelPartition {
+  std::vector<ChunkSpec> chunks;  // empty: the whole model in one chunk
+  int tp_rank = 0, tp_size = 1;
+  bool tied_copy_on_last = false;  // the head's wte is a copy (pp > 1)
+};
+
+// The whole model on one rank.
+ModelPartition whole_model(const ModelConfig& model);
+
+// Vocabulary rows per tensor-parallel shard: the vocab padded to a multiple of
+// 128 * tp_size, divided by tp_size.
+int vocab_rows_per_shard(const ModelConfig& model, int tp_size);
+
+// GPT-2's tensors in Hugging Face names, Conv1D weights stored (in, out) as GPT-2
+// checkpoints do, for the chunks and tensor-parallel shard of `part` (the LM head is
+// tied to wte): column-parallel c_attn and c_fc, row-parallel attn/mlp c_proj,
+// vocab-parallel wte, everything else replicated.
+ParamLayout gpt_param_layout(const ModelConfig& model, const ModelPartition& part);
+inline ParamLayout gpt_param_layout(const ModelConfig& model) {
+  return gpt_param_layout(model, whole_model(model));
+}
+
+// Copies between an entry's local slice and the global GPT-2 tensor (hf_shape; rows of
+// the padded global tensor beyond hf_shape are padding: zero when read, dropped when
+// written). `global` holds hf_numel floats.
+void slice_from_global(const ParamEntry& e, const float* global, float* local);
+// local[i] = value(global index of local element i), 0 for padding.
+void fill_from_global(const ParamEntry& e, const std::function<float(int64_t)>& value,
+                      float* local);
+void slice_to_global(const ParamEntry& e, const float* local, float* global);
 
 }  // namespace pptrain
