@@ -1,0 +1,113 @@
+// The communication interface: groups (collectives over a fixed set of ranks), the
+// world (point-to-point by world rank) and the bundle of every communicator of a run.
+// No MPI header here: the MPI implementation lives in mpi_*.cpp, NCCL comes later.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "topology/rank_grid.hpp"
+
+namespace pptrain::comm {
+
+// Exit status of a job ended by the watchdog or by an MPI error.
+inline constexpr int kExitCommFailure = 3;
+
+enum class ReduceOp { Sum, Max };
+
+// A started operation; wait() blocks (under the watchdog) until it completes. Waiting
+// twice is harmless; destroying an op that was never waited waits for it first.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual void wait() = 0;
+};
+
+// A communicator over a fixed set of ranks, built at start-up. Every member must call
+// the same collectives in the same order. Counts are elements, at most INT_MAX.
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual const std::string& name() const = 0;          // e.g. "tp(dp=0,pp=1)"
+  virtual int rank() const = 0;                         // rank within the group
+  virtual int size() const = 0;
+  virtual const std::vector<int>& world_ranks() const = 0;  // members, by group rank
+
+  virtual void all_reduce(float* data, std::size_t n, ReduceOp op) = 0;
+  virtual void all_reduce(double* data, std::size_t n, ReduceOp op) = 0;
+  // Sum; send holds size() * recv_count values, this rank keeps block rank(). send may
+  // equal recv (in place: the input is read from recv).
+  virtual void reduce_scatter(const float* send, float* recv, std::size_t recv_count) = 0;
+  // recv gets size() * send_count values, block r from group rank r. send may point at
+  // this rank's own block of recv (in place).
+  virtual void all_gather(const float* send, float* recv, std::size_t send_count) = 0;
+  virtual void broadcast(float* data, std::size_t n, int root) = 0;  // root: group rank
+  // Non-blocking all-reduce (sum) for gradient buckets: start now, wait later. data must
+  // stay alive and untouched until wait() returns.
+  virtual std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) = 0;
+};
+
+// One point-to-point message to or from a world rank. Tags are >= 0 and small (the MPI
+// guarantee is 32767); a send matches the receive of the same tag from this rank.
+struct Transfer {
+  enum Kind { Send, Recv } kind;
+  int peer;
+  float* data;
+  std::size_t count;
+  int tag;
+};
+
+class World {
+ public:
+  virtual ~World() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Starts every transfer of the batch, then waits for all: a batch may mix sends and
+  // receives, so neighbours exchanging in both directions cannot deadlock.
+  virtual void exchange(const std::vector<Transfer>& batch) = 0;
+  // Starts the batch and returns; the buffers must stay alive until wait().
+  virtual std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) = 0;
+  virtual void barrier() = 0;
+  // Prints "pptrain: rank R: <message>" to stderr; the whole job exits with status 1.
+  [[noreturn]] virtual void abort(const std::string& message) = 0;
+};
+
+// Every communicator of the run, created once at start-up on every rank in the same
+// order. Destroy it before anything that outlives MPI (it may finalize MPI).
+struct Comms {
+  std::unique_ptr<World> world;
+  std::unique_ptr<Group> all;  // every rank, named "world"
+  std::unique_ptr<Group> tp, dp, pp;
+  std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
+  double timeout_s = 0;              // the watchdog limit of every wait (0: local, none)
+};
+
+// Keeps MPI initialised while it lives: initialises MPI (thread level SERIALIZED: one
+// thread at a time may communicate) unless it already is, and finalizes it on
+// destruction if it did the initialisation. Optional: make_mpi_comms makes its own.
+class MpiSession {
+ public:
+  MpiSession();
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  int world_rank() const;
+  int world_size() const;
+
+ private:
+  bool owns_ = false;
+};
+
+// Builds every group of the grid (MPI_Comm_split, colour = the grid's group index) on a
+// private duplicate of MPI_COMM_WORLD, initialising MPI if needed; the returned
+// communicators share one MpiSession, so MPI is finalized after the last is destroyed
+// (unless the caller holds its own MpiSession, which then decides). Collective: every
+// rank calls it with the same grid. Every later wait aborts the job after timeout_s.
+// Throws InputError when the grid's size differs from the job's number of ranks.
+Comms make_mpi_comms(const RankGrid& grid, double timeout_s);
+
+// One-rank communicators (every group of size 1, no MPI at all) for single-process runs.
+Comms make_local_comms();
+
+}  // namespace pptrain::comm

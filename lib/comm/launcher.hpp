@@ -1,0 +1,30 @@
+// Which launcher started this process (mpirun, srun, PMIx), and starting our own ranks
+// under mpirun when a run needs several and nobody launched them.
+#pragma once
+#include <string>
+
+namespace pptrain::comm {
+
+struct LaunchInfo {
+  bool under_launcher = false;
+  int rank = 0, world_size = 1, local_rank = 0;  // world_size 0: unknown until MPI starts
+  std::string launcher;     // "openmpi", "slurm", "pmix" or "" (none)
+  bool relaunched = false;  // PPTRAIN_LAUNCHED=1: started by relaunch_under_mpirun
+};
+
+// Reads the environment: OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), then a Slurm
+// step started by srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS,
+// SLURM_LOCALID; SLURM_STEP_ID must be set, so a bare batch script is not a launch),
+// then PMIx alone (PMIX_RANK; the size is then unknown). Throws InputError naming the
+// variable when a value is not a non-negative integer or the rank is out of range.
+LaunchInfo detect_launcher();
+
+// Re-runs this executable with the same arguments under `mpirun -np world_size
+// --oversubscribe --bind-to none` (plus --allow-run-as-root when running as root),
+// with PPTRAIN_LAUNCHED=1 exported so the children never relaunch. Uses
+// $PPTRAIN_MPIRUN (a path, or a name looked up on PATH) or else mpirun from PATH.
+// Waits and returns mpirun's exit status (128 + signal if it was killed). Throws
+// std::runtime_error if mpirun cannot be found or started.
+int relaunch_under_mpirun(int world_size, int argc, char** argv);
+
+}  // namespace pptrain::comm

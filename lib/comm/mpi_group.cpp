@@ -1,0 +1,106 @@
+// Collectives of one MPI communicator: each is started non-blocking and waited under
+// the watchdog (mpi_wait.cpp), so a missing member ends the job with a message.
+#include <utility>
+
+#include "comm/mpi_impl.hpp"
+#include "comm/mpi_wait.hpp"
+#include "core/error.hpp"
+
+namespace pptrain::comm::detail {
+namespace {
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+
+class MpiGroup final : public Group {
+ public:
+  MpiGroup(std::shared_ptr<MpiSession> session, MPI_Comm comm, std::string name,
+           std::vector<int> members, int world_rank, double timeout_s)
+      : session_(std::move(session)), comm_(comm), name_(std::move(name)),
+        members_(std::move(members)), world_rank_(world_rank), timeout_s_(timeout_s) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiGroup() override { MPI_Comm_free(&comm_); }
+
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& world_ranks() const override { return members_; }
+
+  void all_reduce(float* data, std::size_t n, ReduceOp op) override {
+    run("all_reduce", "MPI_Iallreduce", [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all_reduce"), MPI_FLOAT,
+                            mpi_op(op), comm_, r);
+    });
+  }
+  void all_reduce(double* data, std::size_t n, ReduceOp op) override {
+    run("all_reduce", "MPI_Iallreduce", [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all_reduce"), MPI_DOUBLE,
+                            mpi_op(op), comm_, r);
+    });
+  }
+  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
+    const void* in = send == recv ? MPI_IN_PLACE : send;
+    run("reduce_scatter", "MPI_Ireduce_scatter_block", [&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in, recv, mpi_count(recv_count, "reduce_scatter"),
+                                       MPI_FLOAT, MPI_SUM, comm_, r);
+    });
+  }
+  void all_gather(const float* send, float* recv, std::size_t send_count) override {
+    const int count = mpi_count(send_count, "all_gather");
+    const void* in = send == recv + static_cast<std::size_t>(rank_) * send_count
+                         ? MPI_IN_PLACE : send;
+    run("all_gather", "MPI_Iallgather", [&](MPI_Request* r) {
+      return MPI_Iallgather(in, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_, r);
+    });
+  }
+  void broadcast(float* data, std::size_t n, int root) override {
+    PPTRAIN_CHECK(root >= 0 && root < size_, "broadcast on " + name_ + ": root " +
+                                                 std::to_string(root) + " is not a member");
+    run("broadcast", "MPI_Ibcast", [&](MPI_Request* r) {
+      return MPI_Ibcast(data, mpi_count(n, "broadcast"), MPI_FLOAT, root, comm_, r);
+    });
+  }
+  std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) override {
+    WaitInfo info = wait_info("all_reduce_start");
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all_reduce_start"),
+                             MPI_FLOAT, MPI_SUM, comm_, requests.data()),
+              "MPI_Iallreduce", info);
+    return std::make_unique<MpiPending>(std::move(requests), std::move(info));
+  }
+
+ private:
+  WaitInfo wait_info(const char* op) const {
+    return {op, name_, world_rank_, timeout_s_,
+            [members = members_](const std::vector<std::size_t>&) { return join_ranks(members); }};
+  }
+
+  // Starts one non-blocking collective through `start` and waits for it.
+  template <class Start>
+  void run(const char* op, const char* call, Start&& start) {
+    WaitInfo info = wait_info(op);
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check_mpi(start(requests.data()), call, info);
+    wait_all(requests, info);
+  }
+
+  std::shared_ptr<MpiSession> session_;  // keeps MPI alive until comm_ is freed
+  MPI_Comm comm_;
+  std::string name_;
+  std::vector<int> members_;
+  int world_rank_;
+  double timeout_s_;
+  int rank_ = 0, size_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> make_mpi_group(std::shared_ptr<MpiSession> session, MPI_Comm comm,
+                                      std::string name, std::vector<int> members,
+                                      int world_rank, double timeout_s) {
+  return std::make_unique<MpiGroup>(std::move(session), comm, std::move(name),
+                                    std::move(members), world_rank, timeout_s);
+}
+
+}  // namespace pptrain::comm::detail

@@ -1,0 +1,58 @@
+// Internal to lib/comm: waiting on MPI requests under the watchdog, and one-line
+// aborts for MPI errors and timeouts, naming the rank, the group and the operation.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+
+namespace pptrain::comm::detail {
+
+// What is being waited for, for the message when it fails.
+struct WaitInfo {
+  std::string op;     // "all_reduce", "exchange", ...
+  std::string group;  // group name
+  int world_rank = 0;
+  double timeout_s = 0;
+  // Describes the peers of the still pending requests (indices into the request list).
+  std::function<std::string(const std::vector<std::size_t>& pending)> peers;
+};
+
+// Prints "pptrain: rank R: <message>" as one line to stderr and ends the job.
+[[noreturn]] void abort_job(int world_rank, const std::string& message, int exit_code);
+
+// Aborts the job naming the call and the operation when rc is not MPI_SUCCESS.
+void check_mpi(int rc, const char* call, const WaitInfo& info);
+
+// Waits for every request: tight polling first, then sleeps growing to 100 us. Past
+// info.timeout_s (if > 0) prints the watchdog line and aborts the job.
+void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info);
+
+// Converts an element count for MPI, throwing (an internal error) when it exceeds INT_MAX.
+int mpi_count(std::size_t n, const char* op);
+
+// A started operation: its requests and how to describe them.
+class MpiPending final : public PendingOp {
+ public:
+  MpiPending(std::vector<MPI_Request> requests, WaitInfo info)
+      : requests_(std::move(requests)), info_(std::move(info)) {}
+  ~MpiPending() override { wait(); }
+  void wait() override {
+    if (!done_) wait_all(requests_, info_);
+    done_ = true;
+  }
+
+ private:
+  std::vector<MPI_Request> requests_;
+  WaitInfo info_;
+  bool done_ = false;
+};
+
+// "0,1,3"
+std::string join_ranks(const std::vector<int>& ranks);
+
+}  // namespace pptrain::comm::detail
