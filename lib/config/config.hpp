@@ -26,6 +26,8 @@ struct ParallelConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
   int virtual_stages = 1;
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
+  std::vector<int> layers_per_stage;  // layers of each virtual stage; empty: even split
+  double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
 };
 
 struct TrainConfig {

@@ -73,14 +73,39 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
   r.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1"});
   if (p.zero != 0 && p.zero != 1)
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
-  // This release trains on a single rank only.
-  const std::pair<const char*, int> degrees[] = {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}};
-  for (const auto& [name, value] : degrees) {
-    if (value == 1) continue;
-    r.fail((std::string("parallel.") + name).c_str(),
-           "tensor/pipeline/data parallelism is not available in this build yet; tp, pp "
-           "and dp must be 1 (got " + std::string(name) + "=" + std::to_string(value) + ")");
+}
+
+// Cross-section rules of the parallel layout against the model.
+void validate_layout(const Config& c, const Rules& r) {
+  const ParallelConfig& p = c.parallel;
+  if (c.model.n_head % p.tp != 0)
+    r.fail("parallel.tp", "must divide model.n_head (got tp=" + std::to_string(p.tp) +
+                              ", n_head=" + std::to_string(c.model.n_head) + ")");
+  const int parts = p.pp * p.virtual_stages;
+  if (p.layers_per_stage.empty()) {
+    if (parts > c.model.n_layer)
+      r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
+                                " is more than model.n_layer = " + std::to_string(c.model.n_layer) +
+                                " (every stage needs a layer)");
+  } else {
+    if (int(p.layers_per_stage.size()) != parts)
+      r.fail("parallel.layers_per_stage", "needs pp * virtual_stages = " + std::to_string(parts) +
+                                              " entries (got " +
+                                              std::to_string(p.layers_per_stage.size()) + ")");
+    int sum = 0;
+    for (int n : p.layers_per_stage) {
+      if (n < 1) r.fail("parallel.layers_per_stage", "entries must be >= 1 (got " + std::to_string(n) + ")");
+      sum += n;
+    }
+    if (sum != c.model.n_layer)
+      r.fail("parallel.layers_per_stage", "must sum to model.n_layer = " +
+                                              std::to_string(c.model.n_layer) + " (got " +
+                                              std::to_string(sum) + ")");
   }
+  if (p.zero == 1 && p.dp == 1)
+    r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
+  if (!(p.comm_timeout_s > 0))
+    r.fail("parallel.comm_timeout_s", "must be > 0 (got " + num(p.comm_timeout_s) + ")");
 }
 
 void validate_train(const TrainConfig& t, const Rules& r) {
@@ -134,6 +159,7 @@ void validate(const Config& config, const Origins& origins) {
   Rules rules(origins);
   validate_model(config.model, rules);
   validate_parallel(config.parallel, rules);
+  validate_layout(config, rules);
   validate_train(config.train, rules);
   validate_data(config, rules);
   validate_checkpoint(config.checkpoint, rules);

@@ -18,19 +18,6 @@ const char* const kLayerTensorNames[kTensorsPerLayer] = {
     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
 }  // namespace
 
-struct GptModel::Activations {
-  struct Layer {
-    AlignedBuffer<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd,
-        fch, fch_gelu;
-    AlignedBuffer<float> dres2, dfch, dln2, dqkv, dln1;  // output gradients for the W pass
-  };
-  std::vector<int32_t> tokens, targets;
-  std::vector<AlignedBuffer<float>> x;   // x[i]: input of the chunk's i-th layer; x[n]: output
-  std::vector<AlignedBuffer<float>> dx;  // gradients w.r.t. x[i]
-  std::vector<Layer> layers;
-  AlignedBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses, dlnf, ce_max, ce_stats;
-};
-
 GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
                    const ModelPartition& part, comm::Group* tp)
     : cfg_(model),
@@ -136,6 +123,7 @@ void GptModel::all_reduce_tp(float* data, std::size_t n) {
 
 void GptModel::zero_grads() { grads_.zero(); }
 
+float* GptModel::input_buffer(Activations& a) const { return a.x.front().data(); }
 const float* GptModel::output(const Activations& a) const { return a.x.back().data(); }
 float* GptModel::output_grad(Activations& a) const { return a.dx.back().data(); }
 const float* GptModel::input_grad(const Activations& a) const { return a.dx.front().data(); }

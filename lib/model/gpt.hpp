@@ -28,7 +28,9 @@ double gpt_flops_per_token(const ModelConfig& model);
 
 class GptModel {
  public:
-  struct Activations;  // one micro-batch's saved values for one chunk
+  // One micro-batch's saved values for one chunk, between its forward and its
+  // weight-gradient pass. Owned by the caller; the model reads and writes it.
+  struct Activations;
 
   // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group
   // (may be null when part.tp_size == 1).
@@ -75,6 +77,7 @@ class GptModel {
   void backward_input();   // single-chunk whole model
   void backward_weight();  // single-chunk whole model
 
+  float* input_buffer(Activations& a) const;         // where a non-first chunk's input is received
   const float* output(const Activations& a) const;   // [B,T,C] to send forward
   float* output_grad(Activations& a) const;          // where dL/d(output) is received
   const float* input_grad(const Activations& a) const;  // [B,T,C] dL/d(input) to send back
@@ -107,6 +110,19 @@ class GptModel {
   AlignedBuffer<float> params_, grads_;
   std::vector<std::size_t> layer_offsets_;  // 12 offsets per global layer (if held)
   std::unique_ptr<Activations> whole_;      // activations of the single-chunk helpers
+};
+
+struct GptModel::Activations {
+  struct Layer {
+    AlignedBuffer<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd,
+        fch, fch_gelu;
+    AlignedBuffer<float> dres2, dfch, dln2, dqkv, dln1;  // output gradients for the W pass
+  };
+  std::vector<int32_t> tokens, targets;
+  std::vector<AlignedBuffer<float>> x;   // x[i]: input of the chunk's i-th layer; x[n]: output
+  std::vector<AlignedBuffer<float>> dx;  // gradients w.r.t. x[i]
+  std::vector<Layer> layers;
+  AlignedBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses, dlnf, ce_max, ce_stats;
 };
 
 }  // namespace pptrain

@@ -44,11 +44,17 @@ void AdamW::step(float* params, const float* grads, float lr, float grad_scale, 
 }
 
 double grad_norm(const ParamLayout& layout, const float* grads) {
+  return std::sqrt(grad_square_sum(layout, grads, [](const ParamEntry&) { return true; }));
+}
+
+double grad_square_sum(const ParamLayout& layout, const float* grads,
+                       const std::function<bool(const ParamEntry&)>& counted) {
   // Eight interleaved partial sums per entry (a fixed pattern, so still deterministic)
   // keep the fp64 adds from forming one long dependency chain.
   constexpr std::size_t kLanes = 8;
   double total = 0.0;
   for (const ParamEntry& e : layout.entries()) {
+    if (!counted(e)) continue;
     const float* g = grads + e.offset;
     double part[kLanes] = {};
     std::size_t i = 0;
@@ -59,7 +65,7 @@ double grad_norm(const ParamLayout& layout, const float* grads) {
     for (double s : part) sum += s;
     total += sum;
   }
-  return std::sqrt(total);
+  return total;
 }
 
 float clip_scale(double norm, double grad_clip) {

@@ -2,6 +2,7 @@
 // Moments are fp32 arenas laid out by the same ParamLayout as parameters and grads.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "config/config.hpp"
 #include "core/aligned_buffer.hpp"
@@ -35,6 +36,10 @@ class AdamW {
 
 // Global L2 norm of all gradient entries (fp64 accumulation, fixed order).
 double grad_norm(const ParamLayout& layout, const float* grads);
+// Sum of squares of the gradient entries for which `counted` is true (fp64, fixed order):
+// a rank's share of a global norm.
+double grad_square_sum(const ParamLayout& layout, const float* grads,
+                       const std::function<bool(const ParamEntry&)>& counted);
 
 // Clipping multiplier: grad_clip > 0 and norm > grad_clip -> grad_clip / (norm + 1e-6); else 1.
 float clip_scale(double norm, double grad_clip);

@@ -54,15 +54,31 @@ void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point
 }
 
 void TraceRecorder::write() const {
-  if (path_.empty() || events_.empty()) return;
+  if (path_.empty()) return;
   make_parent_dirs(path_);
-  nlohmann::json doc = {{"traceEvents", events_}, {"displayTimeUnit", "ms"}};
-  doc["traceEvents"].push_back(
-      {{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
-       {"args", {{"name", "rank " + std::to_string(rank_)}}}});
-  std::ofstream out(path_);
+  nlohmann::json events = events_;
+  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
+                    {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  const std::string part = path_ + ".rank" + std::to_string(rank_);
+  std::ofstream out(part);
+  out << events.dump() << "\n";
+  if (!out) throw std::runtime_error(part + ": cannot write trace file");
+}
+
+void merge_traces(const std::string& path, int world) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < world; ++r) {
+    const std::string part = path + ".rank" + std::to_string(r);
+    std::ifstream in(part);
+    if (!in) throw std::runtime_error(part + ": trace part missing");
+    for (auto& e : nlohmann::json::parse(in)) events.push_back(std::move(e));
+    in.close();
+    std::filesystem::remove(part);
+  }
+  nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  std::ofstream out(path);
   out << doc.dump() << "\n";
-  if (!out) throw std::runtime_error(path_ + ": cannot write trace file");
+  if (!out) throw std::runtime_error(path + ": cannot write trace file");
 }
 
 }  // namespace pptrain

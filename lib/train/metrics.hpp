@@ -23,15 +23,16 @@ class MetricsWriter {
   std::FILE* file_ = nullptr;
 };
 
-// Collects one slice per action (forward, backward-input, backward-weight, optimizer,
-// ...) and writes them as Chrome trace events ("X" phase, microseconds), one track per rank.
+// Collects one slice per action (forward, backward-input, backward-weight, messages,
+// optimizer) and writes them as Chrome trace events ("X" phase, microseconds) with one
+// track per rank. Rank r writes `path.rank<r>`; merge_traces joins them into `path`.
 class TraceRecorder {
  public:
   using Clock = std::chrono::steady_clock;
   TraceRecorder(std::string path, std::vector<int> steps, int rank = 0);
   bool enabled_for(int64_t step) const;  // traced step?
   void add(const std::string& name, int64_t step, Clock::time_point begin, Clock::time_point end);
-  void write() const;  // no-op when disabled or empty
+  void write() const;  // this rank's part; no-op when disabled
 
  private:
   std::string path_;
@@ -40,5 +41,9 @@ class TraceRecorder {
   Clock::time_point origin_ = Clock::now();
   nlohmann::json events_ = nlohmann::json::array();
 };
+
+// Joins the parts written by ranks 0..world-1 into one trace file at `path` and
+// removes the parts.
+void merge_traces(const std::string& path, int world);
 
 }  // namespace pptrain

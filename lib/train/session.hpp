@@ -1,12 +1,16 @@
-// What every command that runs the model needs: the numeric backend chosen by
-// `device`, and the model built on it; plus the validation-loss routine they share.
+// Everything one rank of a run needs, built once at start-up: the rank grid, every
+// communicator (MPI when the layout has more than one rank), the numeric backend, the
+// rank's part of the model and the pipeline executor that runs it.
 #pragma once
 #include <memory>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/gpt.hpp"
 #include "ops/ops.hpp"
+#include "pipeline/executor.hpp"
+#include "topology/rank_grid.hpp"
 
 namespace pptrain {
 
@@ -14,15 +18,31 @@ namespace pptrain {
 // "cuda" while this build has no CUDA backend.
 std::unique_ptr<ops::Ops> make_backend(const Config& config);
 
+// InputError when the schedule cannot run this layout (checked before any rank starts).
+void check_schedule(const Config& config);
+
 struct Session {
-  Session(const Config& config, int batch)
-      : ops(make_backend(config)), model(config.model, batch, *ops) {}
+  explicit Session(const Config& config);
+  bool logs() const { return rank == 0; }  // rank 0 logs and writes run files
+  bool last_stage() const { return coord.pp == grid.pp() - 1; }
+
+  Config cfg;
+  RankGrid grid;
+  comm::Comms comms;
+  int rank;
+  RankCoord coord;
   std::unique_ptr<ops::Ops> ops;
   GptModel model;
+  PipelineExecutor executor;
 };
+
+// Sum over ranks of `value` from the ranks for which `contributes` is true: a result
+// only some ranks hold (the last stage's loss) made known to every rank.
+double share(Session& s, double value, bool contributes);
 
 // Mean loss over consecutive windows of seq_len+1 tokens of `tokens`, in order, the
 // last partial window dropped; at most max_batches * batch windows when max_batches > 0.
-double validation_loss(GptModel& model, const std::vector<int32_t>& tokens, int max_batches);
+// Collective: every rank calls it; every rank gets the result.
+double validation_loss(Session& s, const std::vector<int32_t>& tokens, int max_batches);
 
 }  // namespace pptrain

@@ -1,5 +1,6 @@
-// The single-rank training loop: micro-batch gradient accumulation, clipping, AdamW,
-// periodic validation, logging and checkpoints.
+// The training loop of one rank in any (tp, pp, dp) layout: the pipeline schedule with
+// gradient accumulation, data-parallel and tied-embedding gradient reduction, global
+// clipping, AdamW, periodic validation, logging, traces and checkpoints.
 #include "train/trainer.hpp"
 
 #include <spdlog/spdlog.h>
@@ -9,13 +10,13 @@
 #include <stdexcept>
 #include <vector>
 
-#include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
-#include "model/gpt.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "pipeline/simulator.hpp"
 #include "train/metrics.hpp"
+#include "train/run_checkpoint.hpp"
 #include "train/session.hpp"
 
 namespace pptrain {
@@ -35,17 +36,49 @@ std::string format_eta(double s) {
 bool due(int64_t steps_done, int every, int64_t last_step) {
   return steps_done == last_step || (every > 0 && steps_done % every == 0);
 }
+
+// Arena range [begin, end) of each chunk's tensors: the layout adds them chunk by chunk.
+std::vector<std::pair<size_t, size_t>> chunk_ranges(const GptModel& model) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  const auto& entries = model.layout().entries();
+  size_t i = 0;
+  for (const ChunkSpec& c : model.partition().chunks) {
+    const size_t begin = entries[i].offset;
+    const size_t count = size_t(c.layer_end - c.layer_begin) * 12 + (c.first ? 2 : 0) +
+                         (c.last ? 2 : 0) + (c.last && !c.first && entries.back().tied_copy ? 1 : 0);
+    i += count;
+    ranges.emplace_back(begin, entries[i - 1].offset + entries[i - 1].numel);
+  }
+  PPTRAIN_CHECK(i == entries.size(), "chunk ranges do not cover the layout");
+  return ranges;
+}
+
+// Per-step timings aggregated over ranks for the log.
+struct StepReport {
+  double bubble = 0, bubble_min = 0, bubble_max = 0, compute_s = 0, wait_s = 0, comm_s = 0;
+};
+
+StepReport aggregate(Session& s, const PipelineStats& st, double comm_s) {
+  const double bubble = st.elapsed_s > 0 ? 1.0 - st.compute_s / st.elapsed_s : 0.0;
+  double sums[4] = {bubble, st.compute_s, st.wait_s, comm_s};
+  double extremes[2] = {bubble, -bubble};
+  s.comms.all->all_reduce(sums, 4, comm::ReduceOp::Sum);
+  s.comms.all->all_reduce(extremes, 2, comm::ReduceOp::Max);
+  const double n = s.grid.world_size();
+  return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n};
+}
 }  // namespace
 
 TrainResult train(const Config& cfg) {
-  Session s(cfg, cfg.parallel.micro_batch_size);
+  Session s(cfg);
+  GptModel& model = s.model;
+  const auto& par = cfg.parallel;
   TrainData data = TrainData::open(cfg.data, cfg.model, cfg.train.seed);
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
   if (!val.empty() && validation_windows(val.size(), cfg.model.seq_len) == 0)
     throw InputError(cfg.data.val_path + ": holds " + std::to_string(val.size()) +
                      " tokens, fewer than one window of seq_len+1");
-  AdamW opt(s.model.layout(), cfg.train);
-  GptModel& model = s.model;
+  AdamW opt(model.layout(), cfg.train);
 
   TrainResult result;
   const std::string& ckpt_dir = cfg.checkpoint.dir;
@@ -53,88 +86,121 @@ TrainResult train(const Config& cfg) {
                                  ? std::string()
                                  : resolve_resume(ckpt_dir, cfg.checkpoint.resume);
   if (!resume.empty()) {
-    CheckpointMeta meta = load_checkpoint(resume, model.layout(), model.params(),
-                                          opt.exp_avg(), opt.exp_avg_sq());
-    result.steps_done = meta.step;
-    spdlog::info("resumed from {} at step {}", resume, meta.step);
+    result.steps_done = load_run_checkpoint(s, resume, &opt).step;
+    if (s.logs()) spdlog::info("resumed from {} at step {}", resume, result.steps_done);
   } else {
     if (!ckpt_dir.empty() && has_checkpoints(ckpt_dir))
       throw InputError(ckpt_dir + ": already holds checkpoints of an earlier run; set "
                        "checkpoint.resume: auto to continue it, or choose another checkpoint.dir");
     model.init_parameters(cfg.train.seed);
   }
-  spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
-  spdlog::info("model: {} parameters; {} tokens per step", model.layout().hf_param_count(),
-               tokens_per_step(cfg));
+  const ScheduleKind kind = parse_schedule(par.schedule);
+  const double bubble_theory = theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages);
+  if (s.logs()) {
+    spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
+    spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
+                 "schedule {} (theoretical bubble {:.3f})",
+                 gpt_param_layout(cfg.model).hf_param_count(), tokens_per_step(cfg), par.tp,
+                 par.pp, par.dp, s.grid.world_size(), par.schedule, bubble_theory);
+  }
 
-  MetricsWriter metrics(cfg.logging.metrics);
-  TraceRecorder trace(cfg.logging.trace, cfg.logging.trace_steps);
-  const int M = cfg.parallel.micro_batches, B = model.batch(), T = cfg.model.seq_len;
+  MetricsWriter metrics(s.logs() ? cfg.logging.metrics : "");
+  TraceRecorder trace(cfg.logging.trace, cfg.logging.trace_steps, s.rank);
+  const int M = par.micro_batches, B = model.batch(), T = cfg.model.seq_len;
   const int64_t last_step = cfg.train.steps;
   const double flops_per_step = gpt_flops_per_token(cfg.model) * double(tokens_per_step(cfg));
-  std::vector<int32_t> window(T + 1), inputs(size_t(B) * T), targets(size_t(B) * T);
+  const auto ranges = chunk_ranges(model);
+  const bool tied = s.comms.embedding && s.comms.embedding->size() > 1;
+  std::vector<int32_t> window(size_t(T) + 1);
   double train_seconds = 0;
   const int64_t first_step = result.steps_done;
-  if (first_step >= last_step) spdlog::info("nothing to train: already at step {}", first_step);
+  if (first_step >= last_step && s.logs()) spdlog::info("nothing to train: already at step {}", first_step);
 
   for (int64_t step = first_step; step < last_step; ++step) {
     const auto t0 = Clock::now();
-    const bool traced = trace.enabled_for(step);
     model.zero_grads();
-    double loss_sum = 0;
-    for (int mb = 0; mb < M; ++mb) {
+    // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
+    // (d * M + mb) * B + j: the step's batch does not depend on the layout.
+    auto fill = [&](int mb, int32_t* in, int32_t* tg) {
       for (int b = 0; b < B; ++b) {
-        data.sequence(step, int64_t(mb) * B + b, window.data());
-        std::copy(window.begin(), window.end() - 1, inputs.begin() + size_t(b) * T);
-        std::copy(window.begin() + 1, window.end(), targets.begin() + size_t(b) * T);
+        data.sequence(step, (int64_t(s.coord.dp) * M + mb) * B + b, window.data());
+        std::copy(window.begin(), window.end() - 1, in + size_t(b) * T);
+        std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
       }
-      const auto f0 = Clock::now();
-      loss_sum += model.forward(inputs.data(), targets.data(), 1.0f / float(M));
-      const auto f1 = Clock::now();
-      model.backward_input();
-      const auto f2 = Clock::now();
-      model.backward_weight();
-      const auto f3 = Clock::now();
-      if (traced) {
-        const std::string id = " mb" + std::to_string(mb);
-        trace.add("F" + id, step, f0, f1);
-        trace.add("B" + id, step, f1, f2);
-        trace.add("W" + id, step, f2, f3);
-      }
-    }
-    const double loss = loss_sum / M;
-    const double norm = grad_norm(model.layout(), model.grads());
+    };
+    // Data-parallel reduction per chunk, started as soon as the chunk's gradients are final.
+    std::vector<std::unique_ptr<comm::PendingOp>> buckets;
+    auto chunk_done = [&](int c) {
+      if (par.dp > 1)
+        buckets.push_back(s.comms.dp->all_reduce_start(model.grads() + ranges[size_t(c)].first,
+                                                       ranges[size_t(c)].second - ranges[size_t(c)].first));
+    };
+    PipelineExecutor::ActionFn on_action;
+    if (trace.enabled_for(step))
+      on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
+        trace.add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
+                      (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
+                  step, b, e);
+      };
+    const PipelineStats st = s.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
+
+    const auto c0 = Clock::now();
+    for (auto& b : buckets) b->wait();
+    if (tied) s.comms.embedding->all_reduce(model.grads() + model.layout().at("transformer.wte.weight").offset,
+                                            model.layout().at("transformer.wte.weight").numel,
+                                            comm::ReduceOp::Sum);
+    double sq = grad_square_sum(model.layout(), model.grads(), [&](const ParamEntry& e) {
+      return !e.tied_copy && (!e.replicated() || s.coord.tp == 0);
+    });
+    s.comms.tp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
+    s.comms.pp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
+    const double norm = std::sqrt(sq);
+    const double loss = share(s, st.loss_sum / (M * par.dp), s.last_stage() && s.coord.tp == 0);
+    const double comm_s = seconds(Clock::now() - c0);
     if (!std::isfinite(loss) || !std::isfinite(norm))
       throw std::runtime_error("step " + std::to_string(step + 1) + ": loss " +
                                std::to_string(loss) + ", grad norm " + std::to_string(norm) +
                                " is not finite; stopping before the update");
     const double lr = learning_rate(cfg.train, step);
     const auto o0 = Clock::now();
-    opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip),
-             step + 1);
+    opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
     const auto t1 = Clock::now();
-    if (traced) trace.add("optimizer", step, o0, t1);
+    if (trace.enabled_for(step)) trace.add("optimizer", step, o0, t1);
 
-    const double step_s = seconds(t1 - t0);
+    const StepReport rep = aggregate(s, st, comm_s);
+    double step_s = seconds(t1 - t0);
+    s.comms.all->all_reduce(&step_s, 1, comm::ReduceOp::Max);
     train_seconds += step_s;
     result.steps_done = step + 1;
     result.last_loss = loss;
     const int64_t n = result.steps_done;
     std::optional<double> val_loss;
     if (!val.empty() && due(n, cfg.train.eval_every, last_step)) {
-      val_loss = validation_loss(model, val, cfg.train.eval_batches);
+      val_loss = validation_loss(s, val, cfg.train.eval_batches);
       result.last_val_loss = val_loss;
     }
-    if (due(n, cfg.logging.every, last_step) || val_loss || n == first_step + 1) {
+    if (s.logs() && (due(n, cfg.logging.every, last_step) || val_loss || n == first_step + 1)) {
       const double tok_s = double(tokens_per_step(cfg)) / step_s;
       const double eta = train_seconds / double(n - first_step) * double(last_step - n);
       spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | "
-                   "{:.3f} s | eta {}",
+                   "{:.3f} s | bubble {:.3f} (theory {:.3f}) | eta {}",
                    n, last_step, loss, val_loss ? fmt::format(" | val {:.4f}", *val_loss) : "", lr,
-                   norm, tok_s, step_s, format_eta(eta));
-      nlohmann::json rec = {{"step", n},           {"loss", loss},          {"lr", lr},
-                            {"grad_norm", norm},   {"tokens_per_s", tok_s}, {"step_time_s", step_s},
-                            {"tflops_per_rank", flops_per_step / step_s / 1e12}};
+                   norm, tok_s, step_s, rep.bubble, bubble_theory, format_eta(eta));
+      nlohmann::json rec = {{"step", n},
+                            {"loss", loss},
+                            {"lr", lr},
+                            {"grad_norm", norm},
+                            {"tokens_per_s", tok_s},
+                            {"step_time_s", step_s},
+                            {"tflops_per_rank", flops_per_step / step_s / s.grid.world_size() / 1e12},
+                            {"bubble", rep.bubble},
+                            {"bubble_min", rep.bubble_min},
+                            {"bubble_max", rep.bubble_max},
+                            {"bubble_theory", bubble_theory},
+                            {"compute_s", rep.compute_s},
+                            {"wait_s", rep.wait_s},
+                            {"comm_s", rep.comm_s},
+                            {"peak_activations", st.peak_activations}};
       if (val_loss) rec["val_loss"] = *val_loss;
       metrics.write(rec);
     }
@@ -146,11 +212,14 @@ TrainResult train(const Config& cfg) {
                           {"tokens_seen", n * tokens_per_step(cfg)},
                           {"loss", loss}};
       meta.extra_files["config.json"] = hf_gpt2_config(cfg.model);
-      result.last_checkpoint = save_checkpoint(ckpt_dir, cfg.checkpoint.keep, model.layout(),
-                                               model.params(), opt.exp_avg(), opt.exp_avg_sq(), meta);
+      result.last_checkpoint = save_run_checkpoint(s, opt, meta);
     }
   }
   trace.write();
+  if (!cfg.logging.trace.empty()) {
+    s.comms.world->barrier();
+    if (s.logs()) merge_traces(cfg.logging.trace, s.grid.world_size());
+  }
   return result;
 }
 

@@ -81,6 +81,9 @@ Config non_default_config() {
   c.parallel.schedule = "interleaved";
   c.parallel.virtual_stages = 2;
   c.parallel.zero = 1;
+  c.parallel.dp = 2;
+  c.parallel.layers_per_stage = {3, 2};
+  c.parallel.comm_timeout_s = 12.5;
   c.train.steps = 1234;
   c.train.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.train.min_lr = 1.0 / 3.0 * 1e-5;
@@ -194,7 +197,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 40);
+  EXPECT_EQ(keys, 42);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {

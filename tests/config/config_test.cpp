@@ -78,10 +78,19 @@ const BadCase kBadCases[] = {
     {"seq_len_0", "model:\n  seq_len: 0\n", {}, "x.yaml:2", "model.seq_len: must be >= 1"},
     {"vocab_1", "model:\n  vocab_size: 1\n", {}, "x.yaml:2", "model.vocab_size: must be >= 2"},
     // Parallel.
-    {"tp_2", "parallel:\n  tp: 2\n", {}, "x.yaml:2",
-     "parallel.tp: tensor/pipeline/data parallelism is not available in this build yet; tp, "
-     "pp and dp must be 1 (got tp=2)"},
-    {"pp_4", "parallel:\n  pp: 4\n", {}, "x.yaml:2", "must be 1 (got pp=4)"},
+    {"tp_3", "parallel:\n  tp: 3\n", {}, "x.yaml:2",
+     "parallel.tp: must divide model.n_head (got tp=3, n_head=2)"},
+    {"pp_4", "parallel:\n  pp: 4\n", {}, "x.yaml:2",
+     "parallel.pp: pp * virtual_stages = 4 is more than model.n_layer = 2"},
+    {"layers_count", "parallel:\n  pp: 2\n  layers_per_stage: [2]\n", {}, "x.yaml:3",
+     "parallel.layers_per_stage: needs pp * virtual_stages = 2 entries (got 1)"},
+    {"layers_sum", "parallel:\n  pp: 2\n  layers_per_stage: [2, 1]\n", {}, "x.yaml:3",
+     "parallel.layers_per_stage: must sum to model.n_layer = 2 (got 3)"},
+    {"layers_zero", "model:\n  n_layer: 2\nparallel:\n  pp: 2\n  layers_per_stage: [2, 0]\n", {},
+     "x.yaml:5", "parallel.layers_per_stage: entries must be >= 1 (got 0)"},
+    {"zero_needs_dp", "parallel:\n  zero: 1\n", {}, "x.yaml:2", "parallel.zero: 1 shards"},
+    {"timeout_0", "parallel:\n  comm_timeout_s: 0\n", {}, "x.yaml:2",
+     "parallel.comm_timeout_s: must be > 0"},
     {"dp_0", "parallel:\n  dp: 0\n", {}, "x.yaml:2", "parallel.dp: must be >= 1 (got 0)"},
     {"micro_batches_0", "parallel:\n  micro_batches: 0\n", {}, "x.yaml:2", "must be >= 1"},
     {"mbs_0", "parallel:\n  micro_batch_size: 0\n", {}, "x.yaml:2", "must be >= 1"},
@@ -175,6 +184,7 @@ parallel:
   schedule: zb-h1
   virtual_stages: 2
   zero: 1
+  dp: 2
 train:
   steps: 7
   lr: 3e-4

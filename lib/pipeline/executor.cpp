@@ -1,0 +1,194 @@
+#include "pipeline/executor.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace pptrain {
+
+std::vector<std::pair<int, int>> split_layers(int n_layer, int parts, const std::vector<int>& counts) {
+  std::vector<std::pair<int, int>> ranges;
+  int begin = 0;
+  for (int p = 0; p < parts; ++p) {
+    const int n = counts.empty() ? n_layer / parts + (p < n_layer % parts ? 1 : 0) : counts[size_t(p)];
+    ranges.emplace_back(begin, begin + n);
+    begin += n;
+  }
+  PPTRAIN_CHECK(begin == n_layer, "layer split does not cover the model");
+  return ranges;
+}
+
+ModelPartition pipeline_partition(const ModelConfig& model, int pp, int stage, int virtual_stages,
+                                  int tp_size, int tp_rank, const std::vector<int>& layers_per_stage) {
+  const int parts = pp * virtual_stages;
+  const auto ranges = split_layers(model.n_layer, parts, layers_per_stage);
+  ModelPartition part;
+  part.tp_size = tp_size;
+  part.tp_rank = tp_rank;
+  part.tied_copy_on_last = pp > 1;
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int vs = virtual_stage(pp, stage, c);
+    part.chunks.push_back({ranges[size_t(vs)].first, ranges[size_t(vs)].second, vs == 0,
+                           vs == parts - 1});
+  }
+  return part;
+}
+
+PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
+                                   ScheduleKind kind, int stage, int micro_batches,
+                                   int virtual_stages)
+    : model_(model),
+      world_(world),
+      pp_ranks_(std::move(pp_ranks)),
+      actions_(build_schedule(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages)),
+      pp_(int(pp_ranks_.size())),
+      stage_(stage),
+      m_(micro_batches),
+      v_(virtual_stages),
+      pool_(size_t(virtual_stages)),
+      tokens_(size_t(model.batch()) * model.config().seq_len),
+      targets_(tokens_.size()) {}
+
+GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
+  auto it = live_.find(key);
+  if (it != live_.end()) return *it->second;
+  auto& pool = pool_[size_t(key.second)];
+  std::unique_ptr<GptModel::Activations> a;
+  if (pool.empty()) {
+    a = model_.new_activations(key.second);
+  } else {
+    a = std::move(pool.back());
+    pool.pop_back();
+  }
+  return *(live_[key] = std::move(a));
+}
+
+void PipelineExecutor::release(const Key& key) {
+  // A message still leaving from these buffers must finish before they are reused.
+  auto s = sends_.find(key);
+  if (s != sends_.end()) {
+    for (auto& op : s->second) op->wait();
+    sends_.erase(s);
+  }
+  auto it = live_.find(key);
+  pool_[size_t(key.second)].push_back(std::move(it->second));
+  live_.erase(it);
+}
+
+// World rank of the neighbour an action talks to; *peer_chunk gets its chunk.
+int PipelineExecutor::peer_for(Op op, int chunk, int* peer_chunk) const {
+  const bool towards_next = op == Op::SendForward || op == Op::RecvBackward;
+  const int next_stage = towards_next ? (stage_ + 1) % pp_ : (stage_ + pp_ - 1) % pp_;
+  *peer_chunk = chunk;
+  if (towards_next && stage_ == pp_ - 1) *peer_chunk = chunk + 1;
+  if (!towards_next && stage_ == 0) *peer_chunk = chunk - 1;
+  return pp_ranks_[size_t(next_stage)];
+}
+
+// Tags name the message by the receiving side's (microbatch, chunk) and direction.
+int PipelineExecutor::tag(int microbatch, int chunk, bool backward) const {
+  return ((microbatch * v_ + chunk) * 2 + (backward ? 1 : 0)) % 32768;
+}
+
+PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scale,
+                                           const ActionFn& on_action,
+                                           const std::function<void(int)>& chunk_done) {
+  PipelineStats stats;
+  const auto start = Clock::now();
+  const std::size_t act = size_t(model_.batch()) * model_.config().seq_len * model_.config().d_model;
+  std::vector<int> weights_done(size_t(v_), 0);
+  for (const Action& a : actions_) {
+    const Key key{a.microbatch, a.chunk};
+    const ChunkSpec& spec = model_.partition().chunks[size_t(a.chunk)];
+    const auto t0 = Clock::now();
+    int peer_chunk = 0;
+    bool compute = false;
+    switch (a.op) {
+      case Op::RecvForward: {
+        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+        world_.exchange({{comm::Transfer::Recv, peer, model_.input_buffer(acquire(key)), act,
+                          tag(a.microbatch, a.chunk, false)}});
+        break;
+      }
+      case Op::Forward: {
+        GptModel::Activations& acts = acquire(key);
+        if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
+        stats.loss_sum += model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts),
+                                         targets_.data(), loss_scale);
+        compute = true;
+        break;
+      }
+      case Op::SendForward: {
+        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+        float* out = const_cast<float*>(model_.output(acquire(key)));
+        sends_[key].push_back(world_.exchange_start(
+            {{comm::Transfer::Send, peer, out, act, tag(a.microbatch, peer_chunk, false)}}));
+        break;
+      }
+      case Op::RecvBackward: {
+        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+        world_.exchange({{comm::Transfer::Recv, peer, model_.output_grad(acquire(key)), act,
+                          tag(a.microbatch, a.chunk, true)}});
+        break;
+      }
+      case Op::BackwardInput:
+        model_.backward_input(a.chunk, acquire(key));
+        compute = true;
+        break;
+      case Op::SendBackward: {
+        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+        float* grad = const_cast<float*>(model_.input_grad(acquire(key)));
+        sends_[key].push_back(world_.exchange_start(
+            {{comm::Transfer::Send, peer, grad, act, tag(a.microbatch, peer_chunk, true)}}));
+        break;
+      }
+      case Op::BackwardWeight:
+        model_.backward_weight(a.chunk, acquire(key));
+        release(key);
+        compute = true;
+        if (++weights_done[size_t(a.chunk)] == m_ && chunk_done) chunk_done(a.chunk);
+        break;
+    }
+    const auto t1 = Clock::now();
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    (compute ? stats.compute_s : stats.wait_s) += s;
+    stats.peak_activations = std::max(stats.peak_activations, int(live_.size()));
+    if (on_action) on_action(a, t0, t1);
+  }
+  PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
+  stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return stats;
+}
+
+double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out) {
+  const std::size_t act = size_t(model_.batch()) * model_.config().seq_len * model_.config().d_model;
+  const std::size_t positions = size_t(model_.batch()) * model_.config().seq_len;
+  double loss_sum = 0;
+  for (int mb = 0; mb < count; ++mb) {
+    for (int c = 0; c < v_; ++c) {  // one micro-batch at a time, through every chunk in turn
+      const ChunkSpec& spec = model_.partition().chunks[size_t(c)];
+      const Key key{mb, c};
+      GptModel::Activations& acts = acquire(key);
+      int peer_chunk = 0;
+      if (!spec.first)
+        world_.exchange({{comm::Transfer::Recv, peer_for(Op::RecvForward, c, &peer_chunk),
+                          model_.input_buffer(acts), act, tag(mb, c, false)}});
+      if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
+      loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
+                                 targets_.data(), 0.0f);
+      if (spec.last && losses_out) {
+        const float* l = model_.position_losses(acts);
+        losses_out->insert(losses_out->end(), l, l + positions);
+      }
+      if (!spec.last) {
+        const int peer = peer_for(Op::SendForward, c, &peer_chunk);
+        world_.exchange({{comm::Transfer::Send, peer, const_cast<float*>(model_.output(acts)), act,
+                          tag(mb, peer_chunk, false)}});
+      }
+      release(key);
+    }
+  }
+  return loss_sum;
+}
+
+}  // namespace pptrain

@@ -1,0 +1,77 @@
+// Runs one rank's pipeline schedule (schedule.hpp) on the model: forwards, split
+// backwards, and the activation/gradient messages between neighbouring stages.
+// Activation sets are taken from a pool when a micro-batch enters a chunk and given
+// back as soon as its weight-gradient pass is done.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "model/gpt.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace pptrain {
+
+// Layer ranges [begin, end) of `parts` consecutive pieces of n_layer layers: the given
+// counts, or an even split (the first n_layer % parts pieces one layer longer).
+std::vector<std::pair<int, int>> split_layers(int n_layer, int parts,
+                                              const std::vector<int>& counts = {});
+
+// The chunks (virtual stages stage, stage+pp, ...) and tp shard a rank holds.
+ModelPartition pipeline_partition(const ModelConfig& model, int pp, int stage,
+                                  int virtual_stages, int tp_size, int tp_rank,
+                                  const std::vector<int>& layers_per_stage = {});
+
+struct PipelineStats {
+  double loss_sum = 0;      // sum of the micro-batch mean losses (last stage; else 0)
+  double compute_s = 0;     // forward and backward passes (tensor-parallel all-reduces included)
+  double wait_s = 0;        // waiting for neighbours' messages
+  double elapsed_s = 0;     // the whole schedule
+  int peak_activations = 0; // most activation sets alive at once
+};
+
+class PipelineExecutor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Fills tokens and targets [batch, seq_len] of micro-batch `mb`.
+  using BatchFn = std::function<void(int mb, int32_t* tokens, int32_t* targets)>;
+  // Called after each action with its timing (for traces).
+  using ActionFn = std::function<void(const Action&, Clock::time_point, Clock::time_point)>;
+
+  // `pp_ranks`: world ranks of this pipeline, by stage.
+  PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
+                   ScheduleKind kind, int stage, int micro_batches, int virtual_stages);
+
+  // One training step's schedule with loss scale `loss_scale` per micro-batch. Every
+  // weight gradient is accumulated when it returns; chunk_done(c) is called as soon as
+  // chunk c's last weight-gradient pass has run.
+  PipelineStats train_step(const BatchFn& batch, float loss_scale, const ActionFn& on_action = {},
+                           const std::function<void(int)>& chunk_done = {});
+  // Forward only through `count` micro-batches; returns the sum of their mean losses
+  // on the last stage (0 elsewhere). `losses_out`, if set, receives per-position losses
+  // of each micro-batch on the last stage (count * batch * seq_len).
+  double evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out = nullptr);
+
+ private:
+  using Key = std::pair<int, int>;  // (microbatch, chunk)
+  GptModel::Activations& acquire(const Key& key);
+  void release(const Key& key);
+  int peer_for(Op op, int chunk, int* peer_chunk) const;
+  int tag(int microbatch, int chunk, bool backward) const;
+
+  GptModel& model_;
+  comm::World& world_;
+  std::vector<int> pp_ranks_;
+  std::vector<Action> actions_;
+  int pp_, stage_, m_, v_;
+  std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
+  std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;
+  std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace pptrain

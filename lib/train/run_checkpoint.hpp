@@ -1,0 +1,22 @@
+// Checkpoints of a run in any parallel layout. Saving gathers every tensor's global
+// GPT-2 form (tensor-parallel slices assembled, pipeline stages collected) on rank 0,
+// which writes one ordinary checkpoint; loading has every rank read it and keep its own
+// slice. So a checkpoint saved in one layout resumes in any other.
+#pragma once
+#include <string>
+
+#include "checkpoint/checkpoint.hpp"
+#include "optim/adamw.hpp"
+#include "train/session.hpp"
+
+namespace pptrain {
+
+// Collective. Returns the step dir written (on every rank). Throws on any rank if
+// rank 0's save failed; the previous checkpoints are left as they were.
+std::string save_run_checkpoint(Session& s, const AdamW& opt, const CheckpointMeta& meta);
+
+// Collective. Loads `path` into this rank's parameters and, when `opt` is given, its
+// optimizer moments. InputError for a bad or mismatched checkpoint.
+CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, AdamW* opt);
+
+}  // namespace pptrain

@@ -1,0 +1,80 @@
+#include "train/session.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "data/dataset.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace pptrain {
+
+std::unique_ptr<ops::Ops> make_backend(const Config& config) {
+  if (config.device == "cuda")
+    throw InputError(config.source_path +
+                     ": device: cuda is not available in this build (CPU backend only); use "
+                     "device: cpu or auto");
+  return ops::make_cpu_ops(config.train.threads);
+}
+
+void check_schedule(const Config& c) {
+  const auto& p = c.parallel;
+  const std::string why = schedule_constraint_error(parse_schedule(p.schedule), p.pp,
+                                                    p.micro_batches, p.virtual_stages);
+  if (!why.empty()) throw InputError(c.source_path + ": parallel.schedule: " + why);
+}
+
+namespace {
+comm::Comms make_comms(const Config& c, const RankGrid& grid) {
+  check_schedule(c);
+  if (grid.world_size() == 1) return comm::make_local_comms();
+  return comm::make_mpi_comms(grid, c.parallel.comm_timeout_s);
+}
+}  // namespace
+
+Session::Session(const Config& config)
+    : cfg(config),
+      grid(config.parallel.tp, config.parallel.dp, config.parallel.pp),
+      comms(make_comms(config, grid)),
+      rank(comms.world->rank()),
+      coord(grid.coord(rank)),
+      ops(make_backend(config)),
+      model(config.model, config.parallel.micro_batch_size, *ops,
+            pipeline_partition(config.model, grid.pp(), coord.pp, config.parallel.virtual_stages,
+                               grid.tp(), coord.tp, config.parallel.layers_per_stage),
+            comms.tp.get()),
+      executor(model, *comms.world, grid.pp_group(rank), parse_schedule(config.parallel.schedule),
+               coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages) {}
+
+double share(Session& s, double value, bool contributes) {
+  double v = contributes ? value : 0.0;
+  s.comms.all->all_reduce(&v, 1, comm::ReduceOp::Sum);
+  return v;
+}
+
+double validation_loss(Session& s, const std::vector<int32_t>& tokens, int max_batches) {
+  const int B = s.model.batch(), T = s.cfg.model.seq_len;
+  int64_t windows = validation_windows(tokens.size(), T);
+  if (max_batches > 0) windows = std::min<int64_t>(windows, int64_t(max_batches) * B);
+  PPTRAIN_CHECK(windows > 0, "validation data holds no whole window");
+  const int batches = int((windows + B - 1) / B);
+  // A partial last batch repeats its first window in the unused rows; only the real
+  // rows are counted.
+  auto fill = [&](int mb, int32_t* in, int32_t* tg) {
+    const int64_t first = int64_t(mb) * B;
+    const int rows = int(std::min<int64_t>(B, windows - first));
+    for (int b = 0; b < B; ++b) {
+      const int32_t* w = tokens.data() + (first + (b < rows ? b : 0)) * (T + 1);
+      std::copy(w, w + T, in + size_t(b) * T);
+      std::copy(w + 1, w + T + 1, tg + size_t(b) * T);
+    }
+  };
+  std::vector<float> losses;
+  s.executor.evaluate(batches, fill, &losses);
+  double sum = 0;
+  for (int64_t w = 0; w < windows && !losses.empty(); ++w)
+    for (int t = 0; t < T; ++t) sum += losses[size_t(w) * T + size_t(t)];
+  const bool holder = s.last_stage() && s.coord.tp == 0 && s.coord.dp == 0;
+  return share(s, sum / (double(windows) * T), holder);
+}
+
+}  // namespace pptrain
