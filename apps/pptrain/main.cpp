@@ -1,6 +1,7 @@
-// pptrain: command-line entry point. Parses arguments (CLI11), loads the config and
-// runs the chosen command. Exit codes: 0 success, 1 failure during the run, 2 bad
-// input (arguments, config, data file or checkpoint).
+// pptrain: command-line entry point. Parses arguments (CLI11), loads the config, starts
+// the ranks the layout needs (through mpirun when no launcher started us) and runs the
+// chosen command. Exit codes: 0 success, 1 failure during the run, 2 bad input
+// (arguments, config, data file or checkpoint), 3 a communication timeout.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -8,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "comm/launcher.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "topology/rank_grid.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -31,10 +34,15 @@ void add_config_options(CLI::App& app, Options& opts) {
 
 pptrain::Config load(const Options& opts) {
   if (opts.config_path.empty()) throw pptrain::InputError("--config is required");
-  pptrain::Config config = pptrain::load_config(opts.config_path, opts.overrides);
-  pptrain::setup_logging(config.logging.level);
-  return config;
+  return pptrain::load_config(opts.config_path, opts.overrides);
 }
+
+// Ranks other than 0 log warnings and errors only.
+void setup_rank_logging(const pptrain::Config& config, const pptrain::comm::LaunchInfo& launch) {
+  pptrain::setup_logging(launch.rank == 0 ? config.logging.level : "warn");
+}
+
+int world_size(const pptrain::Config& c) { return c.parallel.tp * c.parallel.pp * c.parallel.dp; }
 
 int run(int argc, char** argv) {
   CLI::App app{"pptrain: trains GPT-2-style transformers with tensor, pipeline and data "
@@ -47,7 +55,9 @@ int run(int argc, char** argv) {
       "check-config", "Validate the config and print the run plan: sizes, FLOPs, memory");
   CLI::App* eval_cmd = app.add_subcommand(
       "eval", "Mean validation loss of the checkpoint named by checkpoint.resume");
-  for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd}) add_config_options(*cmd, opts);
+  CLI::App* topo_cmd = app.add_subcommand(
+      "topology", "Print the rank grid: rank -> (tp, dp, pp) and every communication group");
+  for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd, topo_cmd}) add_config_options(*cmd, opts);
 
   try {
     app.parse(argc, argv);
@@ -57,17 +67,29 @@ int run(int argc, char** argv) {
   }
 
   pptrain::setup_logging("info");
+  const pptrain::comm::LaunchInfo launch = pptrain::comm::detect_launcher();
   try {
+    const pptrain::Config config = load(opts);
+    setup_rank_logging(config, launch);
     if (check_cmd->parsed()) {
-      pptrain::Config config = load(opts);
       std::fputs(pptrain::describe_plan(config).c_str(), stdout);
       std::puts("config OK");
-    } else if (eval_cmd->parsed()) {
-      pptrain::Config config = load(opts);
+      return pptrain::kExitOk;
+    }
+    if (topo_cmd->parsed()) {
+      const auto& p = config.parallel;
+      std::fputs(pptrain::RankGrid(p.tp, p.dp, p.pp).describe().c_str(), stdout);
+      return pptrain::kExitOk;
+    }
+    // A multi-rank layout started by hand: start its ranks through mpirun.
+    if (world_size(config) > 1 && !launch.under_launcher) {
+      spdlog::info("starting {} ranks with mpirun", world_size(config));
+      return pptrain::comm::relaunch_under_mpirun(world_size(config), argc, argv);
+    }
+    if (eval_cmd->parsed()) {
       const double loss = pptrain::evaluate_checkpoint(config);
-      std::printf("val_loss %.9f\n", loss);
+      if (launch.rank == 0) std::printf("val_loss %.9f\n", loss);
     } else {
-      pptrain::Config config = load(opts);
       const pptrain::TrainResult r = pptrain::train(config);
       spdlog::info("done: {} steps, loss {:.4f}{}", r.steps_done, r.last_loss,
                    r.last_val_loss ? fmt::format(", val loss {:.4f}", *r.last_val_loss) : "");
@@ -77,7 +99,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "pptrain: error: %s\n", e.what());
     return pptrain::kExitBadInput;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pptrain: failed: %s\n", e.what());
+    std::fprintf(stderr, "pptrain: rank %d failed: %s\n", launch.rank, e.what());
     return pptrain::kExitFailure;
   }
 }

@@ -69,8 +69,9 @@ class World {
   // Starts the batch and returns; the buffers must stay alive until wait().
   virtual std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) = 0;
   virtual void barrier() = 0;
-  // Prints "pptrain: rank R: <message>" to stderr; the whole job exits with status 1.
-  [[noreturn]] virtual void abort(const std::string& message) = 0;
+  // Prints "pptrain: rank R: <message>" to stderr; the whole job exits with
+  // `exit_code` (1: a failure; 2: bad input).
+  [[noreturn]] virtual void abort(const std::string& message, int exit_code = 1) = 0;
 };
 
 // Every communicator of the run, created once at start-up on every rank in the same

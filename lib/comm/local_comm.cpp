@@ -78,10 +78,10 @@ class LocalWorld final : public World {
     return std::make_unique<DonePending>();
   }
   void barrier() override {}
-  [[noreturn]] void abort(const std::string& message) override {
+  [[noreturn]] void abort(const std::string& message, int exit_code) override {
     std::fprintf(stderr, "pptrain: rank 0: %s\n", message.c_str());
     std::fflush(nullptr);
-    std::_Exit(kExitFailure);
+    std::_Exit(exit_code);
   }
 };
 

@@ -71,8 +71,8 @@ class MpiWorld final : public World {
     wait_all(requests, info);
   }
 
-  [[noreturn]] void abort(const std::string& message) override {
-    abort_job(rank_, message, kExitFailure);
+  [[noreturn]] void abort(const std::string& message, int exit_code) override {
+    abort_job(rank_, message, exit_code);
   }
 
  private:

@@ -64,15 +64,20 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
 }
 
 void PipelineExecutor::release(const Key& key) {
-  // A message still leaving from these buffers must finish before they are reused.
+  // A set whose messages may still be leaving waits in `draining_` until the end of
+  // the step: waiting for a send here could deadlock (the receiver may post its
+  // receive only after its own sends complete).
+  auto it = live_.find(key);
   auto s = sends_.find(key);
   if (s != sends_.end()) {
-    for (auto& op : s->second) op->wait();
+    draining_.push_back({key.second, std::move(it->second), std::move(s->second)});
     sends_.erase(s);
+  } else {
+    pool_[size_t(key.second)].push_back(std::move(it->second));
   }
-  auto it = live_.find(key);
-  pool_[size_t(key.second)].push_back(std::move(it->second));
   live_.erase(it);
+  weight_done_.erase(key);
+  gradient_sent_.erase(key);
 }
 
 // World rank of the neighbour an action talks to; *peer_chunk gets its chunk.
@@ -140,12 +145,16 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
         float* grad = const_cast<float*>(model_.input_grad(acquire(key)));
         sends_[key].push_back(world_.exchange_start(
             {{comm::Transfer::Send, peer, grad, act, tag(a.microbatch, peer_chunk, true)}}));
+        gradient_sent_.insert(key);
+        if (weight_done_.count(key)) release(key);  // W already ran
         break;
       }
       case Op::BackwardWeight:
         model_.backward_weight(a.chunk, acquire(key));
-        release(key);
         compute = true;
+        // The input gradient may still have to be sent (schedules that run W first).
+        weight_done_.insert(key);
+        if (spec.first || gradient_sent_.count(key)) release(key);
         if (++weights_done[size_t(a.chunk)] == m_ && chunk_done) chunk_done(a.chunk);
         break;
     }
@@ -156,6 +165,9 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     if (on_action) on_action(a, t0, t1);
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
+  const auto d0 = Clock::now();
+  drain();
+  stats.wait_s += std::chrono::duration<double>(Clock::now() - d0).count();
   stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;
 }
@@ -188,7 +200,16 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       release(key);
     }
   }
+  drain();
   return loss_sum;
+}
+
+void PipelineExecutor::drain() {
+  for (Draining& d : draining_) {
+    for (auto& op : d.sends) op->wait();
+    pool_[size_t(d.chunk)].push_back(std::move(d.acts));
+  }
+  draining_.clear();
 }
 
 }  // namespace pptrain

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,7 @@ class PipelineExecutor {
   using Key = std::pair<int, int>;  // (microbatch, chunk)
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
+  void drain();  // waits for every send still leaving and returns its set to the pool
   int peer_for(Op op, int chunk, int* peer_chunk) const;
   int tag(int microbatch, int chunk, bool backward) const;
 
@@ -70,6 +72,13 @@ class PipelineExecutor {
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
   std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;
+  std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
+  struct Draining {
+    int chunk;
+    std::unique_ptr<GptModel::Activations> acts;
+    std::vector<std::unique_ptr<comm::PendingOp>> sends;
+  };
+  std::vector<Draining> draining_;
   std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
 };

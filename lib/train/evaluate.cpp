@@ -25,11 +25,13 @@ double evaluate_checkpoint(const Config& cfg) {
                      " tokens, fewer than one window of seq_len+1 = " +
                      std::to_string(cfg.model.seq_len + 1));
   Session s(cfg);
-  const CheckpointMeta meta = load_run_checkpoint(s, path, nullptr);
-  if (s.logs())
-    spdlog::info("evaluating {} (step {}) on {} windows", path, meta.step,
-                 validation_windows(val.size(), cfg.model.seq_len));
-  return validation_loss(s, val, 0);
+  return run_all_or_none(s, [&](Session& session) {
+    const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr);
+    if (session.logs())
+      spdlog::info("evaluating {} (step {}) on {} windows", path, meta.step,
+                   validation_windows(val.size(), cfg.model.seq_len));
+    return validation_loss(session, val, 0);
+  });
 }
 
 }  // namespace pptrain

@@ -7,6 +7,7 @@
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
+#include "core/error.hpp"
 #include "model/gpt.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
@@ -35,6 +36,22 @@ struct Session {
   GptModel model;
   PipelineExecutor executor;
 };
+
+// Runs f(session). In a multi-rank run an exception on one rank ends the whole job
+// (its peers would otherwise wait for it): the message is printed and every rank exits
+// with 2 for bad input, 1 otherwise. A one-rank run rethrows.
+template <typename F>
+auto run_all_or_none(Session& s, F&& f) {
+  try {
+    return f(s);
+  } catch (const InputError& e) {
+    if (s.grid.world_size() > 1) s.comms.world->abort(std::string("error: ") + e.what(), 2);
+    throw;
+  } catch (const std::exception& e) {
+    if (s.grid.world_size() > 1) s.comms.world->abort(std::string("failed: ") + e.what(), 1);
+    throw;
+  }
+}
 
 // Sum over ranks of `value` from the ranks for which `contributes` is true: a result
 // only some ranks hold (the last stage's loss) made known to every rank.

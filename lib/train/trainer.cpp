@@ -69,8 +69,9 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s) {
 }
 }  // namespace
 
-TrainResult train(const Config& cfg) {
-  Session s(cfg);
+namespace {
+TrainResult train_rank(Session& s) {
+  const Config& cfg = s.cfg;
   GptModel& model = s.model;
   const auto& par = cfg.parallel;
   TrainData data = TrainData::open(cfg.data, cfg.model, cfg.train.seed);
@@ -221,6 +222,12 @@ TrainResult train(const Config& cfg) {
     if (s.logs()) merge_traces(cfg.logging.trace, s.grid.world_size());
   }
   return result;
+}
+}  // namespace
+
+TrainResult train(const Config& cfg) {
+  Session s(cfg);
+  return run_all_or_none(s, train_rank);
 }
 
 }  // namespace pptrain
