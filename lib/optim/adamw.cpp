@@ -2,20 +2,24 @@
 // own values, and the norm is summed in a fixed order, so results are deterministic.
 #include "optim/adamw.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
 
 namespace pptrain {
 
-AdamW::AdamW(const ParamLayout& layout, const TrainConfig& train)
+AdamW::AdamW(const ParamLayout& layout, const TrainConfig& train, std::size_t begin,
+             std::size_t end)
     : layout_(layout),
       beta1_(train.beta1),
       beta2_(train.beta2),
       eps_(train.eps),
       weight_decay_(train.weight_decay),
-      m_(layout.total_floats()),
-      v_(layout.total_floats()) {}
+      begin_(std::min(begin, layout.total_floats())),
+      end_(std::min(end, layout.total_floats())),
+      m_(end_ > begin_ ? end_ - begin_ : 0),
+      v_(end_ > begin_ ? end_ - begin_ : 0) {}
 
 void AdamW::step(float* params, const float* grads, float lr, float grad_scale, int64_t t) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
@@ -27,12 +31,15 @@ void AdamW::step(float* params, const float* grads, float lr, float grad_scale, 
   const float eps = float(eps_);
 
   for (const ParamEntry& e : layout_.entries()) {
+    // The part of the entry inside this optimizer's range.
+    const std::size_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    if (lo >= hi) continue;
     const float wd = e.decay ? float(weight_decay_) : 0.0f;
-    float* p = params + e.offset;
-    const float* g_in = grads + e.offset;
-    float* m = m_.data() + e.offset;
-    float* v = v_.data() + e.offset;
-    for (std::size_t i = 0; i < e.numel; ++i) {
+    float* p = params + lo;
+    const float* g_in = grads + lo;
+    float* m = m_.data() + (lo - begin_);
+    float* v = v_.data() + (lo - begin_);
+    for (std::size_t i = 0; i < hi - lo; ++i) {
       const float g = g_in[i] * grad_scale;
       m[i] = b1 * m[i] + one_minus_b1 * g;
       v[i] = b2 * v[i] + one_minus_b2 * (g * g);
@@ -48,19 +55,23 @@ double grad_norm(const ParamLayout& layout, const float* grads) {
 }
 
 double grad_square_sum(const ParamLayout& layout, const float* grads,
-                       const std::function<bool(const ParamEntry&)>& counted) {
+                       const std::function<bool(const ParamEntry&)>& counted, std::size_t begin,
+                       std::size_t end) {
   // Eight interleaved partial sums per entry (a fixed pattern, so still deterministic)
   // keep the fp64 adds from forming one long dependency chain.
   constexpr std::size_t kLanes = 8;
   double total = 0.0;
   for (const ParamEntry& e : layout.entries()) {
     if (!counted(e)) continue;
-    const float* g = grads + e.offset;
+    const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
+    if (lo >= hi) continue;
+    const float* g = grads + lo;
+    const std::size_t numel = hi - lo;
     double part[kLanes] = {};
     std::size_t i = 0;
-    for (; i + kLanes <= e.numel; i += kLanes)
+    for (; i + kLanes <= numel; i += kLanes)
       for (std::size_t k = 0; k < kLanes; ++k) part[k] += double(g[i + k]) * double(g[i + k]);
-    for (std::size_t k = 0; i < e.numel; ++i, ++k) part[k] += double(g[i]) * double(g[i]);
+    for (std::size_t k = 0; i < numel; ++i, ++k) part[k] += double(g[i]) * double(g[i]);
     double sum = 0.0;
     for (double s : part) sum += s;
     total += sum;

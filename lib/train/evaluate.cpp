@@ -26,7 +26,7 @@ double evaluate_checkpoint(const Config& cfg) {
                      std::to_string(cfg.model.seq_len + 1));
   Session s(cfg);
   return run_all_or_none(s, [&](Session& session) {
-    const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr);
+    const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr, nullptr);
     if (session.logs())
       spdlog::info("evaluating {} (step {}) on {} windows", path, meta.step,
                    validation_windows(val.size(), cfg.model.seq_len));

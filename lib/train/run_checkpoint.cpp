@@ -58,14 +58,15 @@ void scatter(const ParamLayout& full_layout, const float* full, const ParamLayou
 }
 }  // namespace
 
-std::string save_run_checkpoint(Session& s, const AdamW& opt, const CheckpointMeta& meta) {
+std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* exp_avg_sq,
+                                const CheckpointMeta& meta) {
   const ParamLayout full_layout = gpt_param_layout(s.cfg.model);
   const bool root = s.rank == 0;
   AlignedBuffer<float> p(root ? full_layout.total_floats() : 0),
       m(root ? full_layout.total_floats() : 0), v(root ? full_layout.total_floats() : 0);
   gather(s, full_layout, s.model.params(), p.data());
-  gather(s, full_layout, opt.exp_avg(), m.data());
-  gather(s, full_layout, opt.exp_avg_sq(), v.data());
+  gather(s, full_layout, exp_avg, m.data());
+  gather(s, full_layout, exp_avg_sq, v.data());
   std::string path, error;
   if (root) {
     try {
@@ -80,7 +81,9 @@ std::string save_run_checkpoint(Session& s, const AdamW& opt, const CheckpointMe
   return root ? path : s.cfg.checkpoint.dir;
 }
 
-CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, AdamW* opt) {
+CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
+                                   float* exp_avg_sq) {
+  const bool opt = exp_avg && exp_avg_sq;
   const ParamLayout full_layout = gpt_param_layout(s.cfg.model);
   AlignedBuffer<float> p(full_layout.total_floats());
   AlignedBuffer<float> m(opt ? full_layout.total_floats() : 0), v(opt ? full_layout.total_floats() : 0);
@@ -88,8 +91,8 @@ CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, AdamW* o
                                         opt ? v.data() : nullptr);
   scatter(full_layout, p.data(), s.model.layout(), s.model.params());
   if (opt) {
-    scatter(full_layout, m.data(), s.model.layout(), opt->exp_avg());
-    scatter(full_layout, v.data(), s.model.layout(), opt->exp_avg_sq());
+    scatter(full_layout, m.data(), s.model.layout(), exp_avg);
+    scatter(full_layout, v.data(), s.model.layout(), exp_avg_sq);
   }
   return meta;
 }

@@ -16,6 +16,7 @@
 #include "optim/lr_schedule.hpp"
 #include "pipeline/simulator.hpp"
 #include "train/metrics.hpp"
+#include "train/grad_sync.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/session.hpp"
 
@@ -35,22 +36,6 @@ std::string format_eta(double s) {
 
 bool due(int64_t steps_done, int every, int64_t last_step) {
   return steps_done == last_step || (every > 0 && steps_done % every == 0);
-}
-
-// Arena range [begin, end) of each chunk's tensors: the layout adds them chunk by chunk.
-std::vector<std::pair<size_t, size_t>> chunk_ranges(const GptModel& model) {
-  std::vector<std::pair<size_t, size_t>> ranges;
-  const auto& entries = model.layout().entries();
-  size_t i = 0;
-  for (const ChunkSpec& c : model.partition().chunks) {
-    const size_t begin = entries[i].offset;
-    const size_t count = size_t(c.layer_end - c.layer_begin) * 12 + (c.first ? 2 : 0) +
-                         (c.last ? 2 : 0) + (c.last && !c.first && entries.back().tied_copy ? 1 : 0);
-    i += count;
-    ranges.emplace_back(begin, entries[i - 1].offset + entries[i - 1].numel);
-  }
-  PPTRAIN_CHECK(i == entries.size(), "chunk ranges do not cover the layout");
-  return ranges;
 }
 
 // Per-step timings aggregated over ranks for the log.
@@ -79,7 +64,9 @@ TrainResult train_rank(Session& s) {
   if (!val.empty() && validation_windows(val.size(), cfg.model.seq_len) == 0)
     throw InputError(cfg.data.val_path + ": holds " + std::to_string(val.size()) +
                      " tokens, fewer than one window of seq_len+1");
-  AdamW opt(model.layout(), cfg.train);
+  GradSync sync(s);
+  AdamW opt(model.layout(), cfg.train, sync.begin(), sync.end());
+  const size_t arena = model.layout().total_floats();
 
   TrainResult result;
   const std::string& ckpt_dir = cfg.checkpoint.dir;
@@ -87,7 +74,9 @@ TrainResult train_rank(Session& s) {
                                  ? std::string()
                                  : resolve_resume(ckpt_dir, cfg.checkpoint.resume);
   if (!resume.empty()) {
-    result.steps_done = load_run_checkpoint(s, resume, &opt).step;
+    AlignedBuffer<float> m(arena), v(arena);
+    result.steps_done = load_run_checkpoint(s, resume, m.data(), v.data()).step;
+    sync.load_moments(m.data(), v.data(), opt);
     if (s.logs()) spdlog::info("resumed from {} at step {}", resume, result.steps_done);
   } else {
     if (!ckpt_dir.empty() && has_checkpoints(ckpt_dir))
@@ -110,8 +99,6 @@ TrainResult train_rank(Session& s) {
   const int M = par.micro_batches, B = model.batch(), T = cfg.model.seq_len;
   const int64_t last_step = cfg.train.steps;
   const double flops_per_step = gpt_flops_per_token(cfg.model) * double(tokens_per_step(cfg));
-  const auto ranges = chunk_ranges(model);
-  const bool tied = s.comms.embedding && s.comms.embedding->size() > 1;
   std::vector<int32_t> window(size_t(T) + 1);
   double train_seconds = 0;
   const int64_t first_step = result.steps_done;
@@ -129,13 +116,8 @@ TrainResult train_rank(Session& s) {
         std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
       }
     };
-    // Data-parallel reduction per chunk, started as soon as the chunk's gradients are final.
-    std::vector<std::unique_ptr<comm::PendingOp>> buckets;
-    auto chunk_done = [&](int c) {
-      if (par.dp > 1)
-        buckets.push_back(s.comms.dp->all_reduce_start(model.grads() + ranges[size_t(c)].first,
-                                                       ranges[size_t(c)].second - ranges[size_t(c)].first));
-    };
+    sync.start_step();
+    auto chunk_done = [&](int c) { sync.chunk_done(c); };
     PipelineExecutor::ActionFn on_action;
     if (trace.enabled_for(step))
       on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
@@ -146,16 +128,7 @@ TrainResult train_rank(Session& s) {
     const PipelineStats st = s.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
 
     const auto c0 = Clock::now();
-    for (auto& b : buckets) b->wait();
-    if (tied) s.comms.embedding->all_reduce(model.grads() + model.layout().at("transformer.wte.weight").offset,
-                                            model.layout().at("transformer.wte.weight").numel,
-                                            comm::ReduceOp::Sum);
-    double sq = grad_square_sum(model.layout(), model.grads(), [&](const ParamEntry& e) {
-      return !e.tied_copy && (!e.replicated() || s.coord.tp == 0);
-    });
-    s.comms.tp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
-    s.comms.pp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
-    const double norm = std::sqrt(sq);
+    const double norm = sync.finish();
     const double loss = share(s, st.loss_sum / (M * par.dp), s.last_stage() && s.coord.tp == 0);
     const double comm_s = seconds(Clock::now() - c0);
     if (!std::isfinite(loss) || !std::isfinite(norm))
@@ -165,6 +138,7 @@ TrainResult train_rank(Session& s) {
     const double lr = learning_rate(cfg.train, step);
     const auto o0 = Clock::now();
     opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
+    sync.share_parameters();
     const auto t1 = Clock::now();
     if (trace.enabled_for(step)) trace.add("optimizer", step, o0, t1);
 
@@ -213,7 +187,9 @@ TrainResult train_rank(Session& s) {
                           {"tokens_seen", n * tokens_per_step(cfg)},
                           {"loss", loss}};
       meta.extra_files["config.json"] = hf_gpt2_config(cfg.model);
-      result.last_checkpoint = save_run_checkpoint(s, opt, meta);
+      AlignedBuffer<float> m(arena), v(arena);
+      sync.full_moments(opt, m.data(), v.data());
+      result.last_checkpoint = save_run_checkpoint(s, m.data(), v.data(), meta);
     }
   }
   trace.write();

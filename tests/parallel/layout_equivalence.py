@@ -25,7 +25,12 @@ LAYOUTS = {
     "pp2_gpipe": (1, 2, 1, 4, ["parallel.schedule=gpipe"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
     "pp2_m3": (1, 2, 1, 4, []),  # replaced below: micro_batches 3 is not this batch
+    "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
+    "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),
 }
+# Resharding: saved at (tp, pp, dp) = (2, 2, 2) after step 5, resumed in these layouts.
+RESUME_LAYOUTS = {"resume_1x4x2": (1, 4, 2, 2), "resume_4x1x2": (4, 1, 2, 2),
+                  "resume_1x1x1": (1, 1, 1, 4)}
 # The model: vocab 251 is not divisible by tp=2; 8 layers; 8 sequences per step.
 MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=32", "model.seq_len=16",
          "model.vocab_size=251", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
@@ -36,8 +41,8 @@ MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=32", "model.seq_len
 def run(pptrain, config, work, name, tp, pp, dp, mb, extra):
     metrics = os.path.join(work, name + ".jsonl")
     args = [pptrain, "--config", config]
-    for s in MODEL + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
-                      f"parallel.micro_batches={mb}", f"logging.metrics={metrics}"] + extra:
+    for s in MODEL + extra + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+                      f"parallel.micro_batches={mb}", f"logging.metrics={metrics}"]:
         args += ["--set", s]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -73,6 +78,21 @@ def main():
               f"first grad norm {first[1]:.1e}, worst loss {worst:.1e} -> {'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
+    # A checkpoint saved in one layout continues in others with the single-rank losses.
+    saved = os.path.join(work, "saved")
+    run(pptrain, config, work, "save_2x2x2", 2, 2, 2, 2,
+        [f"checkpoint.dir={saved}", "checkpoint.every=5"])
+    for name, (tp, pp, dp, mb) in RESUME_LAYOUTS.items():
+        ckpt = os.path.join(work, name)
+        shutil.copytree(os.path.join(saved, "step_00000005"), os.path.join(ckpt, "step_00000005"))
+        rows = run(pptrain, config, work, name, tp, pp, dp, mb,
+                   [f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"])
+        worst = max(rel(r["loss"], b["loss"]) for r, b in zip(rows, base[5:]))
+        ok = len(rows) == STEPS - 5 and rows[0]["step"] == 6 and worst <= 1e-4
+        print(f"{name:18} resumed at step 6 from (2,2,2): worst loss {worst:.1e} -> "
+              f"{'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(name)
     # The same layout twice: bit-identical losses.
     again = run(pptrain, config, work, "tp2_pp2_dp2_again", 2, 2, 2, 2, [])
     first_run = [json.loads(l) for l in open(os.path.join(work, "tp2_pp2_dp2.jsonl"))] \
@@ -83,7 +103,7 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + 1} passed, 0 failed")
+    print(f"{len(names) + len(RESUME_LAYOUTS) + 1} passed, 0 failed")
 
 
 if __name__ == "__main__":
