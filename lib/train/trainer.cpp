@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
@@ -39,18 +41,25 @@ bool due(int64_t steps_done, int every, int64_t last_step) {
 }
 
 // Per-step timings aggregated over ranks for the log.
+// Bubble over ranks (mean, min, max), mean seconds per rank in each kind of work, the
+// most activation sets any rank held at once and the largest resident set (MiB).
 struct StepReport {
   double bubble = 0, bubble_min = 0, bubble_max = 0, compute_s = 0, wait_s = 0, comm_s = 0;
+  int peak_activations = 0;
+  double peak_rss_mib = 0;
 };
 
 StepReport aggregate(Session& s, const PipelineStats& st, double comm_s) {
   const double bubble = st.elapsed_s > 0 ? 1.0 - st.compute_s / st.elapsed_s : 0.0;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
   double sums[4] = {bubble, st.compute_s, st.wait_s, comm_s};
-  double extremes[2] = {bubble, -bubble};
+  double extremes[4] = {bubble, -bubble, double(st.peak_activations), double(usage.ru_maxrss) / 1024};
   s.comms.all->all_reduce(sums, 4, comm::ReduceOp::Sum);
-  s.comms.all->all_reduce(extremes, 2, comm::ReduceOp::Max);
+  s.comms.all->all_reduce(extremes, 4, comm::ReduceOp::Max);
   const double n = s.grid.world_size();
-  return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n};
+  return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n,
+          int(extremes[2]), extremes[3]};
 }
 }  // namespace
 
@@ -95,6 +104,7 @@ TrainResult train_rank(Session& s) {
   }
 
   MetricsWriter metrics(s.logs() ? cfg.logging.metrics : "");
+  if (!cfg.logging.trace.empty()) s.comms.world->barrier();  // align the ranks' trace clocks
   TraceRecorder trace(cfg.logging.trace, cfg.logging.trace_steps, s.rank);
   const int M = par.micro_batches, B = model.batch(), T = cfg.model.seq_len;
   const int64_t last_step = cfg.train.steps;
@@ -119,11 +129,13 @@ TrainResult train_rank(Session& s) {
     sync.start_step();
     auto chunk_done = [&](int c) { sync.chunk_done(c); };
     PipelineExecutor::ActionFn on_action;
-    if (trace.enabled_for(step))
+    // Trace steps count from 1, as in the log.
+    const bool traced = trace.enabled_for(step + 1);
+    if (traced)
       on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
         trace.add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
                       (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
-                  step, b, e);
+                  step + 1, b, e);
       };
     const PipelineStats st = s.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
 
@@ -140,7 +152,7 @@ TrainResult train_rank(Session& s) {
     opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
     sync.share_parameters();
     const auto t1 = Clock::now();
-    if (trace.enabled_for(step)) trace.add("optimizer", step, o0, t1);
+    if (traced) trace.add("optimizer", step + 1, o0, t1);
 
     const StepReport rep = aggregate(s, st, comm_s);
     double step_s = seconds(t1 - t0);
@@ -175,7 +187,8 @@ TrainResult train_rank(Session& s) {
                             {"compute_s", rep.compute_s},
                             {"wait_s", rep.wait_s},
                             {"comm_s", rep.comm_s},
-                            {"peak_activations", st.peak_activations}};
+                            {"peak_activations", rep.peak_activations},
+                            {"peak_rss_mib", rep.peak_rss_mib}};
       if (val_loss) rec["val_loss"] = *val_loss;
       metrics.write(rec);
     }
