@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "topology/rank_grid.hpp"
+#include "train/session.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -81,6 +82,11 @@ int run(int argc, char** argv) {
       std::fputs(pptrain::RankGrid(p.tp, p.dp, p.pp).describe().c_str(), stdout);
       return pptrain::kExitOk;
     }
+    pptrain::check_schedule(config);
+    if (launch.under_launcher && launch.world_size > 0 && launch.world_size != world_size(config))
+      throw pptrain::InputError(config.source_path + ": parallel: the layout tp*pp*dp = " +
+                                std::to_string(world_size(config)) + " needs that many ranks, but " +
+                                launch.launcher + " started " + std::to_string(launch.world_size));
     // A multi-rank layout started by hand: start its ranks through mpirun.
     if (world_size(config) > 1 && !launch.under_launcher) {
       spdlog::info("starting {} ranks with mpirun", world_size(config));

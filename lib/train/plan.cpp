@@ -3,6 +3,9 @@
 
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "pipeline/executor.hpp"
+#include "pipeline/simulator.hpp"
+#include "train/session.hpp"
 #include "train/trainer.hpp"
 
 namespace pptrain {
@@ -34,13 +37,35 @@ std::string describe_plan(const Config& c) {
                                  double(layout.hf_param_count()) / 1e6));
   line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}", p.tp, p.pp, p.dp,
                              p.tp * p.pp * p.dp, p.schedule));
+  check_schedule(c);
+  const ScheduleKind kind = parse_schedule(p.schedule);
+  std::string split;
+  for (const auto& [b, e] : split_layers(m.n_layer, p.pp * p.virtual_stages, p.layers_per_stage))
+    split += (split.empty() ? "" : ",") + std::to_string(e - b);
+  line("pipeline", fmt::format("layers per virtual stage [{}]; theoretical bubble {:.3f}; at most "
+                               "{} micro-batch activation set(s) alive on stage 0",
+                               split, theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages),
+                               activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
+  // Stage 0 of tensor-parallel rank 0: the busiest rank for weights and activations.
+  const ParamLayout rank0 = gpt_param_layout(
+      m, pipeline_partition(m, p.pp, 0, p.virtual_stages, p.tp, 0, p.layers_per_stage));
+  const double rank_arena = double(rank0.total_floats()) * sizeof(float);
+  int stage0_layers = 0;
+  for (const ChunkSpec& ch : pipeline_partition(m, p.pp, 0, p.virtual_stages, 1, 0, p.layers_per_stage).chunks)
+    stage0_layers += ch.layer_end - ch.layer_begin;
+  const double rank_acts = acts * stage0_layers / m.n_layer / p.tp *
+                           activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages);
+  const double optim = 2 * rank_arena / (p.zero == 1 ? p.dp : 1);
+  line("per rank", fmt::format("rank 0 (stage 0): weights {}, gradients {}, optimizer state {}, "
+                               "activations about {}",
+                               mib(rank_arena), mib(rank_arena), mib(optim), mib(rank_acts)));
   line("batch", fmt::format("{} micro-batch(es) x {} sequence(s) x {} tokens = {} tokens per step",
                             p.micro_batches, p.micro_batch_size, m.seq_len, tokens));
   line("FLOPs", fmt::format("{:.4g} per token, {:.4g} per step ({} steps: {:.4g} in all)",
                             flops_token, flops_token * double(tokens), c.train.steps,
                             flops_token * double(tokens) * c.train.steps));
-  line("memory", fmt::format("weights {}, gradients {}, optimizer state {}, activations {} "
-                             "(one micro-batch); total {}",
+  line("memory", fmt::format("whole model: weights {}, gradients {}, optimizer state {}, "
+                             "activations {} (one micro-batch); total {}",
                              mib(arena), mib(arena), mib(2 * arena), mib(acts),
                              mib(4 * arena + acts)));
   line("optimizer", fmt::format("AdamW lr {} -> {} ({}, {} warmup steps), weight decay {}, "
