@@ -174,3 +174,49 @@ TEST(GptModel, LayoutUsesGpt2NamesAndShapes) {
 
 }  // namespace
 }  // namespace pptrain
+
+namespace pptrain {
+namespace {
+
+TEST(TensorParallelLayout, ShardsTileTheGlobalTensors) {
+  ModelConfig m;
+  m.n_layer = 1;
+  m.n_head = 4;
+  m.d_model = 8;
+  m.seq_len = 4;
+  m.vocab_size = 300;  // padded to 512 for tp=2: shard 1 holds rows 256..511, real up to 299
+  const ParamLayout unsplit = gpt_param_layout(m);
+  for (const ParamEntry& whole : unsplit.entries()) {
+    std::vector<float> global(whole.hf_numel()), rebuilt(whole.hf_numel(), -1.0f);
+    for (size_t i = 0; i < global.size(); ++i) global[i] = float(i);
+    for (int r = 0; r < 2; ++r) {
+      ModelPartition part = whole_model(m);
+      part.tp_size = 2;
+      part.tp_rank = r;
+      const ParamLayout shard_layout = gpt_param_layout(m, part);
+      const ParamEntry& e = shard_layout.at(whole.name);
+      std::vector<float> local(e.numel);
+      slice_from_global(e, global.data(), local.data());
+      slice_to_global(e, local.data(), rebuilt.data());
+      if (whole.name == "transformer.h.0.attn.c_attn.weight" && r == 1) {
+        // Row 0, local column 0 of each of q|k|v is global column g*8 + 4.
+        EXPECT_EQ(e.shape, (std::vector<int64_t>{8, 12}));
+        EXPECT_EQ(local[0], 4.0f);
+        EXPECT_EQ(local[4], 12.0f);
+        EXPECT_EQ(local[8], 20.0f);
+        EXPECT_EQ(local[12], 24.0f + 4.0f);  // row 1
+      }
+      if (whole.name == "transformer.wte.weight") {
+        EXPECT_EQ(e.shape, (std::vector<int64_t>{256, 8}));
+        if (r == 1) {
+          EXPECT_EQ(local[0], float(256 * 8));   // first row of shard 1 is global row 256
+          EXPECT_EQ(local[44 * 8], 0.0f);        // global row 300: padding
+        }
+      }
+    }
+    EXPECT_EQ(rebuilt, global) << whole.name;  // the two shards cover every element
+  }
+}
+
+}  // namespace
+}  // namespace pptrain
