@@ -1,7 +1,8 @@
 // pptrain: command-line entry point. Parses arguments (CLI11), loads the config, starts
 // the ranks the layout needs (through mpirun when no launcher started us) and runs the
 // chosen command. Exit codes: 0 success, 1 failure during the run, 2 bad input
-// (arguments, config, data file or checkpoint), 3 a communication timeout.
+// (arguments, config, data file or checkpoint), 3 a communication timeout, 4 stopped by
+// SIGTERM/SIGUSR1 after saving a checkpoint (preemption: resume with checkpoint.resume: auto).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -97,8 +98,10 @@ int run(int argc, char** argv) {
       if (launch.rank == 0) std::printf("val_loss %.9f\n", loss);
     } else {
       const pptrain::TrainResult r = pptrain::train(config);
-      spdlog::info("done: {} steps, loss {:.4f}{}", r.steps_done, r.last_loss,
+      spdlog::info("{}: {} steps, loss {:.4f}{}", r.stopped_by_signal ? "stopped" : "done",
+                   r.steps_done, r.last_loss,
                    r.last_val_loss ? fmt::format(", val loss {:.4f}", *r.last_val_loss) : "");
+      if (r.stopped_by_signal) return pptrain::kExitPreempted;
     }
     return pptrain::kExitOk;
   } catch (const pptrain::InputError& e) {

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -102,6 +103,10 @@ LaunchInfo detect_launcher() {
   return info;
 }
 
+namespace {
+volatile std::sig_atomic_t g_forward_signal = 0;  // set by the relaunching parent's handler
+}  // namespace
+
 int relaunch_under_mpirun(int world_size, int argc, char** argv) {
   PPTRAIN_CHECK(world_size >= 1 && argc >= 1, "relaunch_under_mpirun: bad arguments");
   const std::string wanted = env("PPTRAIN_MPIRUN").value_or("mpirun");
@@ -132,11 +137,28 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv) {
   pid_t pid = 0;
   if (int err = ::posix_spawn(&pid, mpirun.c_str(), nullptr, nullptr, cargs.data(), cenv.data()))
     throw std::runtime_error("cannot start " + mpirun + ": " + std::strerror(err));
+  // A stop request (SIGTERM/SIGUSR1) to this parent reaches the ranks as SIGUSR1, which
+  // mpirun forwards to every rank: they checkpoint and stop. (mpirun answers SIGTERM
+  // itself by killing the ranks, which would lose the step.)
+  struct sigaction forward {}, old_term {}, old_usr1 {};
+  forward.sa_handler = [](int sig) { g_forward_signal = sig; };
+  sigemptyset(&forward.sa_mask);  // no SA_RESTART: waitpid returns EINTR
+  ::sigaction(SIGTERM, &forward, &old_term);
+  ::sigaction(SIGUSR1, &forward, &old_usr1);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR)
+    if (errno != EINTR) {
+      ::sigaction(SIGTERM, &old_term, nullptr);
+      ::sigaction(SIGUSR1, &old_usr1, nullptr);
       throw std::runtime_error("waiting for " + mpirun + " failed: " + std::strerror(errno));
+    }
+    if (g_forward_signal != 0) {
+      g_forward_signal = 0;
+      ::kill(pid, SIGUSR1);
+    }
   }
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGUSR1, &old_usr1, nullptr);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

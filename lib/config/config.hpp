@@ -45,6 +45,8 @@ struct TrainConfig {
   int eval_every = 0;    // validation every N steps (0: only at the end, if val data exists)
   int eval_batches = 0;  // 0: whole validation set; else at most N micro-batches
   int threads = 0;       // CPU threads for GEMMs; 0: all cores
+  std::string on_nonfinite = "stop";  // stop | skip: what a non-finite loss/grad norm does
+  int max_nonfinite = 5;              // skip: stop after this many such steps in a row
 };
 
 struct DataConfig {

@@ -125,6 +125,8 @@ void validate_train(const TrainConfig& t, const Rules& r) {
   r.at_least("train.eval_every", t.eval_every, 0);
   r.at_least("train.eval_batches", t.eval_batches, 0);
   r.at_least("train.threads", t.threads, 0);
+  r.one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
+  r.at_least("train.max_nonfinite", t.max_nonfinite, 1);
 }
 
 void validate_data(const Config& c, const Rules& r) {

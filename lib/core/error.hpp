@@ -16,6 +16,8 @@ class InputError : public std::runtime_error {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;
+// Stopped by SIGTERM/SIGUSR1 after checkpointing: rerun with checkpoint.resume: auto.
+inline constexpr int kExitPreempted = 4;
 
 // Throws std::logic_error naming the failed condition and its location. For
 // internal invariants only: user input is validated by code that throws InputError.

@@ -21,6 +21,7 @@
 #include "train/grad_sync.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/session.hpp"
+#include "train/stop_signal.hpp"
 
 namespace pptrain {
 
@@ -47,19 +48,31 @@ struct StepReport {
   double bubble = 0, bubble_min = 0, bubble_max = 0, compute_s = 0, wait_s = 0, comm_s = 0;
   int peak_activations = 0;
   double peak_rss_mib = 0;
+  bool stop = false;  // some rank got a stop signal
 };
 
-StepReport aggregate(Session& s, const PipelineStats& st, double comm_s) {
+StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool stop) {
   const double bubble = st.elapsed_s > 0 ? 1.0 - st.compute_s / st.elapsed_s : 0.0;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   double sums[4] = {bubble, st.compute_s, st.wait_s, comm_s};
-  double extremes[4] = {bubble, -bubble, double(st.peak_activations), double(usage.ru_maxrss) / 1024};
+  double extremes[5] = {bubble, -bubble, double(st.peak_activations),
+                        double(usage.ru_maxrss) / 1024, stop ? 1.0 : 0.0};
   s.comms.all->all_reduce(sums, 4, comm::ReduceOp::Sum);
-  s.comms.all->all_reduce(extremes, 4, comm::ReduceOp::Max);
+  s.comms.all->all_reduce(extremes, 5, comm::ReduceOp::Max);
   const double n = s.grid.world_size();
   return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n,
-          int(extremes[2]), extremes[3]};
+          int(extremes[2]), extremes[3], extremes[4] > 0};
+}
+
+// True when every parameter of every rank is finite.
+bool parameters_finite(Session& s) {
+  const float* p = s.model.params();
+  double bad = 0;
+  for (size_t i = 0; i < s.model.layout().total_floats() && bad == 0; ++i)
+    if (!std::isfinite(p[i])) bad = 1;
+  s.comms.all->all_reduce(&bad, 1, comm::ReduceOp::Max);
+  return bad == 0;
 }
 }  // namespace
 
@@ -111,6 +124,8 @@ TrainResult train_rank(Session& s) {
   const double flops_per_step = gpt_flops_per_token(cfg.model) * double(tokens_per_step(cfg));
   std::vector<int32_t> window(size_t(T) + 1);
   double train_seconds = 0;
+  int nonfinite_in_a_row = 0;
+  const StopSignals signals;
   const int64_t first_step = result.steps_done;
   if (first_step >= last_step && s.logs()) spdlog::info("nothing to train: already at step {}", first_step);
 
@@ -143,18 +158,24 @@ TrainResult train_rank(Session& s) {
     const double norm = sync.finish();
     const double loss = share(s, st.loss_sum / (M * par.dp), s.last_stage() && s.coord.tp == 0);
     const double comm_s = seconds(Clock::now() - c0);
-    if (!std::isfinite(loss) || !std::isfinite(norm))
-      throw std::runtime_error("step " + std::to_string(step + 1) + ": loss " +
-                               std::to_string(loss) + ", grad norm " + std::to_string(norm) +
-                               " is not finite; stopping before the update");
     const double lr = learning_rate(cfg.train, step);
     const auto o0 = Clock::now();
-    opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
-    sync.share_parameters();
+    // loss and norm are the same on every rank, so every rank decides alike.
+    if (std::isfinite(loss) && std::isfinite(norm)) {
+      nonfinite_in_a_row = 0;
+      opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
+      sync.share_parameters();
+    } else {
+      const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
+                               ", grad norm " + std::to_string(norm) + " is not finite";
+      if (cfg.train.on_nonfinite == "stop" || ++nonfinite_in_a_row >= cfg.train.max_nonfinite)
+        throw std::runtime_error(what + "; stopping before the update");
+      if (s.logs()) spdlog::warn("{}; update skipped ({} in a row)", what, nonfinite_in_a_row);
+    }
     const auto t1 = Clock::now();
     if (traced) trace.add("optimizer", step + 1, o0, t1);
 
-    const StepReport rep = aggregate(s, st, comm_s);
+    const StepReport rep = aggregate(s, st, comm_s, signals.requested());
     double step_s = seconds(t1 - t0);
     s.comms.all->all_reduce(&step_s, 1, comm::ReduceOp::Max);
     train_seconds += step_s;
@@ -192,7 +213,10 @@ TrainResult train_rank(Session& s) {
       if (val_loss) rec["val_loss"] = *val_loss;
       metrics.write(rec);
     }
-    if (!ckpt_dir.empty() && due(n, cfg.checkpoint.every, last_step)) {
+    if (!ckpt_dir.empty() && (due(n, cfg.checkpoint.every, last_step) || rep.stop)) {
+      if (!parameters_finite(s))
+        throw std::runtime_error("step " + std::to_string(n) +
+                                 ": the model has non-finite parameters; not checkpointed");
       CheckpointMeta meta;
       meta.step = n;
       meta.config_yaml = to_yaml(cfg);
@@ -203,6 +227,13 @@ TrainResult train_rank(Session& s) {
       AlignedBuffer<float> m(arena), v(arena);
       sync.full_moments(opt, m.data(), v.data());
       result.last_checkpoint = save_run_checkpoint(s, m.data(), v.data(), meta);
+    }
+    if (rep.stop) {
+      if (s.logs()) spdlog::warn("stop signal received: stopped after step {}{}", n,
+                                 ckpt_dir.empty() ? " (checkpoints disabled: nothing saved)"
+                                                  : ", checkpoint saved");
+      result.stopped_by_signal = true;
+      break;
     }
   }
   trace.write();

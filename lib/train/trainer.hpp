@@ -14,6 +14,7 @@ struct TrainResult {
   double last_loss = 0;                 // training loss of the last step run (0 if none)
   std::optional<double> last_val_loss;  // last validation loss, if evaluated
   std::string last_checkpoint;          // newest checkpoint written ("" if none)
+  bool stopped_by_signal = false;       // SIGTERM/SIGUSR1: stopped early after a checkpoint
 };
 
 // Trains per `config`: resumes if checkpoint.resume says so, logs, evaluates and

@@ -197,7 +197,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 42);
+  EXPECT_EQ(keys, 44);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {
