@@ -1,9 +1,13 @@
-// Training checkpoints: one directory per step holding the weights as a Hugging Face
-// GPT-2 model.safetensors, the AdamW moments, and meta.json (step, config, trainer
-// state, file checksums). Saves are atomic; `latest` names the newest step dir.
+// Training checkpoints: one directory per step holding the weights, the AdamW moments
+// and meta.json (step, config, trainer state, file checksums). Saves are atomic;
+// `latest` names the newest step dir. A one-rank run writes the single-file format
+// (format_version 1), whose weights are a Hugging Face GPT-2 model.safetensors:
 //
 //   <dir>/step_00000100/{model.safetensors, optimizer.safetensors, meta.json}
 //   <dir>/latest          text file: "step_00000100"
+//
+// Multi-rank runs write one file pair per (tp, pp) position instead (format_version 2,
+// sharded.hpp). Either format loads into any layout.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -40,15 +44,24 @@ std::string save_checkpoint(const std::string& dir, int keep, const ParamLayout&
 // "" -> "" (fresh start). "auto" -> the newest valid step dir in `dir` (`latest` first,
 // else step_* dirs newest first, skipping invalid ones with a warning), or "" if none.
 // Anything else is a path: a step dir, or a checkpoint root whose `latest` is followed;
-// InputError naming it if it is not a valid checkpoint. Validation reads both tensor
-// files and checks their checksums.
+// InputError naming it if it is not a valid checkpoint. Validation (either format)
+// reads meta.json and every tensor file, checks their checksums and that every tensor
+// (every shard of it) is present.
 std::string resolve_resume(const std::string& dir, const std::string& resume);
 
-// Loads a step dir into the arenas after verifying meta.json, the checksums and every
-// tensor's presence and shape (nothing is written to the arenas unless all of it is
-// right). Stored rows beyond hf_shape (padded vocab) are set to 0. exp_avg and
-// exp_avg_sq may both be nullptr to load weights only (optimizer.safetensors is then
-// not read). Any problem is an InputError "PATH: reason".
+// Loads a step dir of either format into `layout`, any part (pipeline chunks, tensor-
+// parallel shard) of the model whose every tensor `whole` lists (gpt_param_layout of the
+// model): the stored tensors must be exactly `whole`'s, of its global shapes. Each entry
+// is assembled in its global form from the stored pieces that hold it (their recorded
+// slicing) and this layout's slice is taken; padding (vocab rows beyond hf_shape) is
+// set to 0; tied copies are loaded like the tensor they copy. Only the files read are
+// checksummed, all before anything is written to the arenas. exp_avg and exp_avg_sq may
+// both be nullptr to load weights only (optimizer files are then not read). Any problem
+// (a different model, a missing shard, a corrupt file) is an InputError "PATH: reason".
+CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& whole,
+                               const ParamLayout& layout, float* params, float* exp_avg,
+                               float* exp_avg_sq);
+// The same with layout == whole (the whole model on one rank).
 CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& layout, float* params,
                                float* exp_avg, float* exp_avg_sq);
 

@@ -1,3 +1,6 @@
+// The multi-rank choreography of sharded saves: rank 0 makes the temp dir; the
+// writers (dp rank 0 of each (tp, pp) position) write their shards; rank 0 commits.
+// After each phase every rank learns whether all went well, so all fail together.
 #include "train/run_checkpoint.hpp"
 
 #include <spdlog/spdlog.h>
@@ -5,95 +8,114 @@
 #include <stdexcept>
 #include <vector>
 
-#include "core/aligned_buffer.hpp"
+#include "checkpoint/sharded.hpp"
 
 namespace pptrain {
 
 namespace {
-// Names of the tensors stage `stage` owns (its tied copy of wte excluded), in order.
-std::vector<std::string> stage_tensors(const Session& s, int stage) {
-  const auto& p = s.cfg.parallel;
-  const ParamLayout layout = gpt_param_layout(
-      s.cfg.model, pipeline_partition(s.cfg.model, p.pp, stage, p.virtual_stages, 1, 0,
-                                      p.layers_per_stage));
-  std::vector<std::string> names;
-  for (const ParamEntry& e : layout.entries())
-    if (!e.tied_copy) names.push_back(e.name);
-  return names;
+
+// Per-rank slot of the record exchange: (bytes, checksum high, checksum low) of the
+// model file, then of the optimizer file. Doubles hold 32-bit halves exactly.
+constexpr std::size_t kSlot = 6;
+
+void put(double* slot, const FileRecord& f) {
+  slot[0] = double(f.bytes);
+  slot[1] = double(f.checksum >> 32);
+  slot[2] = double(f.checksum & 0xffffffffull);
 }
 
-// Assembles arena `local` (this rank's layout) into `full` (the whole-model layout) on
-// rank 0. Every rank walks the same (stage, tensor) sequence.
-void gather(Session& s, const ParamLayout& full_layout, const float* local, float* full) {
-  const ParamLayout& mine = s.model.layout();
-  int tag = 0;
-  for (int stage = 0; stage < s.grid.pp(); ++stage) {
-    const int owner = s.grid.rank({0, 0, stage});
-    const bool holder = s.coord.pp == stage && s.coord.dp == 0;
-    for (const std::string& name : stage_tensors(s, stage)) {
-      const ParamEntry& g = full_layout.at(name);
-      tag = (tag + 1) % 32768;
-      std::vector<float> global;
-      if (holder) {
-        const ParamEntry& e = mine.at(name);
-        global.assign(g.hf_numel(), 0.0f);
-        if (!e.replicated() || s.coord.tp == 0) slice_to_global(e, local + e.offset, global.data());
-        if (s.grid.tp() > 1) s.comms.tp->all_reduce(global.data(), global.size(), comm::ReduceOp::Sum);
-      }
-      if (s.rank == 0 && owner == 0) {
-        std::copy(global.begin(), global.end(), full + g.offset);
-      } else if (s.rank == 0) {
-        s.comms.world->exchange({{comm::Transfer::Recv, owner, full + g.offset, g.hf_numel(), tag}});
-      } else if (s.rank == owner) {
-        s.comms.world->exchange({{comm::Transfer::Send, 0, global.data(), global.size(), tag}});
-      }
-    }
-  }
+FileRecord get(const double* slot, std::string name) {
+  return {std::move(name), uint64_t(slot[0]),
+          (uint64_t(slot[1]) << 32) | uint64_t(slot[2])};
 }
 
-void scatter(const ParamLayout& full_layout, const float* full, const ParamLayout& mine,
-             float* local) {
-  for (const ParamEntry& e : mine.entries())
-    slice_from_global(e, full + full_layout.at(e.name).offset, local + e.offset);
+// Unless every rank's `ok` holds, throws on every rank the reason (`error`) of the
+// lowest failing rank, so that whichever rank ends the job reports the real cause.
+void agree(Session& s, bool ok, const std::string& error) {
+  comm::Group& all = *s.comms.all;
+  const std::string why = error.substr(0, 4096);
+  std::vector<double> lengths(std::size_t(all.size()), 0.0);  // 1 + length; 0: no failure
+  if (!ok) lengths[std::size_t(all.rank())] = double(why.size()) + 1.0;
+  all.all_reduce(lengths.data(), lengths.size(), comm::ReduceOp::Sum);
+  int root = 0;
+  while (root < all.size() && lengths[std::size_t(root)] == 0.0) ++root;
+  if (root == all.size()) return;
+  // The message travels as one float per byte (exact) through the float broadcast.
+  std::vector<float> bytes(std::size_t(lengths[std::size_t(root)]) - 1, 0.0f);
+  if (all.rank() == root)
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = float(uint8_t(why[i]));
+  all.broadcast(bytes.data(), bytes.size(), root);
+  std::string text;
+  for (float b : bytes) text += char(uint8_t(b));
+  if (all.rank() != root)
+    text += " (on rank " + std::to_string(all.world_ranks()[std::size_t(root)]) + ")";
+  throw std::runtime_error(text);
 }
+
 }  // namespace
 
 std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* exp_avg_sq,
                                 const CheckpointMeta& meta) {
-  const ParamLayout full_layout = gpt_param_layout(s.cfg.model);
+  const auto& ck = s.cfg.checkpoint;
+  if (s.grid.world_size() == 1)
+    return save_checkpoint(ck.dir, ck.keep, s.model.layout(), s.model.params(), exp_avg,
+                           exp_avg_sq, meta);
   const bool root = s.rank == 0;
-  AlignedBuffer<float> p(root ? full_layout.total_floats() : 0),
-      m(root ? full_layout.total_floats() : 0), v(root ? full_layout.total_floats() : 0);
-  gather(s, full_layout, s.model.params(), p.data());
-  gather(s, full_layout, exp_avg, m.data());
-  gather(s, full_layout, exp_avg_sq, v.data());
-  std::string path, error;
-  if (root) {
-    try {
-      path = save_checkpoint(s.cfg.checkpoint.dir, s.cfg.checkpoint.keep, full_layout, p.data(),
-                             m.data(), v.data(), meta);
+  std::string error;
+
+  // 1. Rank 0 creates the temp dir; agreeing on the outcome is the barrier after it.
+  if (root) try {
+      create_temp_step_dir(ck.dir, meta.step);
     } catch (const std::exception& e) {
       error = e.what();
     }
+  agree(s, error.empty(), error);
+
+  // 2. The writers write and fsync their shards; every writer's records reach every rank.
+  const int world = s.grid.world_size();
+  std::vector<double> slots(std::size_t(world) * kSlot, 0.0);
+  if (s.coord.dp == 0) {
+    double* slot = slots.data() + std::size_t(s.rank) * kSlot;
+    try {
+      const std::string tmp = temp_step_dir(ck.dir, meta.step);
+      put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), s.model.params()));
+      put(slot + 3, write_optimizer_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), exp_avg,
+                                          exp_avg_sq));
+    } catch (const std::exception& e) {
+      error = "saving checkpoint " + step_dir_path(ck.dir, meta.step) + " failed: " + e.what();
+    }
   }
-  if (share(s, error.empty() ? 0.0 : 1.0, root) != 0.0)
-    throw std::runtime_error(root ? error : "rank 0 failed to save the checkpoint");
-  return root ? path : s.cfg.checkpoint.dir;
+  s.comms.all->all_reduce(slots.data(), slots.size(), comm::ReduceOp::Sum);
+  try {
+    agree(s, error.empty(), error);
+  } catch (...) {
+    if (root) discard_temp_step_dir(ck.dir, meta.step);
+    throw;
+  }
+  std::vector<FileRecord> files;
+  for (int r = 0; r < world; ++r) {
+    const RankCoord c = s.grid.coord(r);
+    if (c.dp != 0) continue;
+    const double* slot = slots.data() + std::size_t(r) * kSlot;
+    files.push_back(get(slot, shard_file_name("model", c.tp, c.pp)));
+    files.push_back(get(slot + 3, shard_file_name("optimizer", c.tp, c.pp)));
+  }
+
+  // 3. Rank 0 writes meta.json and installs the step dir.
+  if (root) try {
+      commit_step_dir(ck.dir, ck.keep, files, {s.grid.tp(), s.grid.pp(), s.grid.dp()}, meta);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  agree(s, error.empty(), error);
+  return step_dir_path(ck.dir, meta.step);
 }
 
 CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
                                    float* exp_avg_sq) {
-  const bool opt = exp_avg && exp_avg_sq;
-  const ParamLayout full_layout = gpt_param_layout(s.cfg.model);
-  AlignedBuffer<float> p(full_layout.total_floats());
-  AlignedBuffer<float> m(opt ? full_layout.total_floats() : 0), v(opt ? full_layout.total_floats() : 0);
-  CheckpointMeta meta = load_checkpoint(path, full_layout, p.data(), opt ? m.data() : nullptr,
-                                        opt ? v.data() : nullptr);
-  scatter(full_layout, p.data(), s.model.layout(), s.model.params());
-  if (opt) {
-    scatter(full_layout, m.data(), s.model.layout(), exp_avg);
-    scatter(full_layout, v.data(), s.model.layout(), exp_avg_sq);
-  }
+  CheckpointMeta meta = load_checkpoint(path, gpt_param_layout(s.cfg.model), s.model.layout(),
+                                        s.model.params(), exp_avg, exp_avg_sq);
+  if (s.logs()) spdlog::info("loaded checkpoint {} (step {})", path, meta.step);
   return meta;
 }
 

@@ -1,7 +1,9 @@
-// Checkpoints of a run in any parallel layout. Saving gathers every tensor's global
-// GPT-2 form (tensor-parallel slices assembled, pipeline stages collected) on rank 0,
-// which writes one ordinary checkpoint; loading has every rank read it and keep its own
-// slice. So a checkpoint saved in one layout resumes in any other.
+// Checkpoints of a run in any parallel layout. A one-rank run writes the single-file
+// Hugging Face-shaped checkpoint. A multi-rank run writes a sharded one without
+// gathering the model: each (tp, pp) position's data-parallel rank 0 writes its own
+// model and optimizer shard files into a shared temporary step dir, and rank 0 commits
+// it. Loading has every rank assemble its own slices from whichever files hold them,
+// so a checkpoint saved in one layout resumes in any other.
 #pragma once
 #include <string>
 
@@ -11,14 +13,16 @@
 namespace pptrain {
 
 // Collective. `exp_avg`/`exp_avg_sq` are this rank's whole-arena AdamW moments.
-// Returns the step dir written (on every rank). Throws on any rank if rank 0's save
-// failed; the previous checkpoints are left as they were.
+// Returns the step dir written (on every rank). If any rank fails, every rank throws
+// std::runtime_error, the partial temp dir is removed and the previous checkpoints and
+// `latest` are left as they were.
 std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* exp_avg_sq,
                                 const CheckpointMeta& meta);
 
-// Collective. Loads `path` into this rank's parameters and, when the moment arenas are
-// given (whole-arena, both or neither), the optimizer moments. InputError for a bad or
-// mismatched checkpoint.
+// Loads `path` (either format, any layout) into this rank's parameters and, when the
+// moment arenas are given (whole-arena, both or neither), the optimizer moments. Every
+// rank calls it; a rank reads only the files holding its slices. InputError for a bad
+// or mismatched checkpoint.
 CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
                                    float* exp_avg_sq);
 

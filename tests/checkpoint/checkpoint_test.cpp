@@ -1,8 +1,5 @@
 // save_checkpoint / load_checkpoint: file layout, bit-exact round trip, pruning,
 // `latest`, replacing a step, and saves that fail without harming older checkpoints.
-#include <signal.h>
-#include <sys/resource.h>
-
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.hpp"
@@ -118,26 +115,6 @@ TEST_F(CheckpointTest, HasCheckpoints) {
   save(layout_, a, 1);
   EXPECT_TRUE(has_checkpoints(dir_));
 }
-
-// Lowers the process's file size limit so that writes fail as on a full disk.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
-    ::getrlimit(RLIMIT_FSIZE, &old_);
-    rlimit lim = old_;
-    lim.rlim_cur = bytes;
-    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  }
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &old_);
-    ::signal(SIGXFSZ, old_handler_);
-  }
-
- private:
-  rlimit old_{};
-  sighandler_t old_handler_;
-};
 
 TEST_F(CheckpointTest, FailedSaveLeavesPreviousCheckpointIntact) {
   Arenas a(layout_), b(layout_), c(layout_);

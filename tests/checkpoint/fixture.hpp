@@ -1,6 +1,8 @@
 // Shared test fixture: a temp checkpoint root, a small GPT layout and filled arenas.
 #pragma once
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -46,6 +48,26 @@ struct Arenas {
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = m[i] = v[i] = x;
   }
   AlignedBuffer<float> p, m, v;
+};
+
+// Lowers the process's file size limit so that writes fail as on a full disk.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  sighandler_t old_handler_;
 };
 
 class CheckpointTest : public ::testing::Test {

@@ -100,9 +100,9 @@ TEST_F(CheckpointTest, CorruptFilesAreInputErrors) {
   expect_input_error(load, meta, "not valid JSON");
   fresh();
   auto j = nlohmann::json::parse(slurp(meta));
-  j["format_version"] = 2;
+  j["format_version"] = 3;
   spit(meta, j.dump());
-  expect_input_error(load, meta, "format_version 2 is not supported");
+  expect_input_error(load, meta, "format_version 3 is not supported");
   fresh();
   j = nlohmann::json::parse(slurp(meta));
   j["files"].erase("optimizer.safetensors");

@@ -28,9 +28,14 @@ LAYOUTS = {
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
     "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),
 }
-# Resharding: saved at (tp, pp, dp) = (2, 2, 2) after step 5, resumed in these layouts.
-RESUME_LAYOUTS = {"resume_1x4x2": (1, 4, 2, 2), "resume_4x1x2": (4, 1, 2, 2),
-                  "resume_1x1x1": (1, 1, 1, 4)}
+# Resharding: saved after step 5 at (tp, pp, dp, micro_batches) = the first layout (a
+# sharded checkpoint, or the single-file one of one rank), resumed in the others.
+RESUME_CASES = {
+    "resume_1x4x2": ((2, 2, 2, 2), (1, 4, 2, 2)),
+    "resume_4x1x2": ((2, 2, 2, 2), (4, 1, 2, 2)),
+    "resume_1x1x1": ((2, 2, 2, 2), (1, 1, 1, 4)),
+    "resume_2x2x2": ((1, 1, 1, 4), (2, 2, 2, 2)),
+}
 # The model: vocab 251 is not divisible by tp=2; 8 layers; 8 sequences per step.
 MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=32", "model.seq_len=16",
          "model.vocab_size=251", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
@@ -49,6 +54,24 @@ def run(pptrain, config, work, name, tp, pp, dp, mb, extra):
         sys.exit(f"{name}: pptrain exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     with open(metrics) as f:
         return [json.loads(line) for line in f]
+
+
+def check_format(step_dir, tp, pp, dp):
+    """One rank writes the single-file checkpoint; more write a shard pair per (tp, pp)."""
+    with open(os.path.join(step_dir, "meta.json")) as f:
+        meta = json.load(f)
+    if tp * pp * dp == 1:
+        want = {"model.safetensors", "optimizer.safetensors"}
+        ok = meta["format_version"] == 1
+    else:
+        want = {f"{k}-tp{t}-pp{p}.safetensors" for k in ("model", "optimizer")
+                for t in range(tp) for p in range(pp)}
+        ok = meta["format_version"] == 2 and meta["layout"] == {"tp": tp, "pp": pp, "dp": dp}
+    files = set(os.listdir(step_dir)) - {"meta.json", "config.json"}
+    ok = ok and set(meta["files"]) == want and files == want
+    print(f"checkpoint of ({tp},{pp},{dp}): format {meta['format_version']}, "
+          f"{len(files)} tensor files -> {'ok' if ok else 'FAIL'}")
+    return [] if ok else [f"checkpoint_format_{tp}x{pp}x{dp}"]
 
 
 def rel(a, b):
@@ -79,17 +102,21 @@ def main():
         if not ok:
             failures.append(name)
     # A checkpoint saved in one layout continues in others with the single-rank losses.
-    saved = os.path.join(work, "saved")
-    run(pptrain, config, work, "save_2x2x2", 2, 2, 2, 2,
-        [f"checkpoint.dir={saved}", "checkpoint.every=5"])
-    for name, (tp, pp, dp, mb) in RESUME_LAYOUTS.items():
+    saved = {}
+    for name, (save_at, (tp, pp, dp, mb)) in RESUME_CASES.items():
+        if save_at not in saved:
+            saved[save_at] = os.path.join(work, "saved_%dx%dx%d" % save_at[:3])
+            run(pptrain, config, work, "save_%dx%dx%d" % save_at[:3], *save_at,
+                [f"checkpoint.dir={saved[save_at]}", "checkpoint.every=5"])
+            failures += check_format(os.path.join(saved[save_at], "step_00000005"), *save_at[:3])
         ckpt = os.path.join(work, name)
-        shutil.copytree(os.path.join(saved, "step_00000005"), os.path.join(ckpt, "step_00000005"))
+        shutil.copytree(os.path.join(saved[save_at], "step_00000005"),
+                        os.path.join(ckpt, "step_00000005"))
         rows = run(pptrain, config, work, name, tp, pp, dp, mb,
                    [f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"])
         worst = max(rel(r["loss"], b["loss"]) for r, b in zip(rows, base[5:]))
         ok = len(rows) == STEPS - 5 and rows[0]["step"] == 6 and worst <= 1e-4
-        print(f"{name:18} resumed at step 6 from (2,2,2): worst loss {worst:.1e} -> "
+        print(f"{name:18} resumed at step 6 from {save_at[:3]}: worst loss {worst:.1e} -> "
               f"{'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
@@ -103,7 +130,7 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + len(RESUME_LAYOUTS) + 1} passed, 0 failed")
+    print(f"{len(names) + len(RESUME_CASES) + 1} passed, 0 failed")
 
 
 if __name__ == "__main__":
