@@ -27,6 +27,7 @@ double evaluate_checkpoint(const Config& cfg) {
   Session s(cfg);
   return run_all_or_none(s, [&](Session& session) {
     const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr, nullptr);
+    check_same_model(cfg, meta, path);
     if (session.logs())
       spdlog::info("evaluating {} (step {}) on {} windows", path, meta.step,
                    validation_windows(val.size(), cfg.model.seq_len));

@@ -7,20 +7,26 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "core/error.hpp"
+
 namespace pptrain {
 
 namespace {
-void make_parent_dirs(const std::string& path) {
+// An output path that cannot be created is bad input (the config names it).
+void make_parent_dirs(const std::string& path, const char* key) {
   auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) throw InputError(std::string(key) + ": " + path + ": cannot create " + parent.string() +
+                           ": " + ec.message());
 }
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path) {
   if (path.empty()) return;
-  make_parent_dirs(path);
+  make_parent_dirs(path, "logging.metrics");
   file_ = std::fopen(path.c_str(), "a");
-  if (!file_) throw std::runtime_error(path + ": cannot open metrics file: " + std::strerror(errno));
+  if (!file_) throw InputError("logging.metrics: " + path + ": cannot open: " + std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -35,7 +41,9 @@ void MetricsWriter::write(const nlohmann::json& record) {
 }
 
 TraceRecorder::TraceRecorder(std::string path, std::vector<int> steps, int rank)
-    : path_(std::move(path)), steps_(std::move(steps)), rank_(rank) {}
+    : path_(std::move(path)), steps_(std::move(steps)), rank_(rank) {
+  if (!path_.empty()) make_parent_dirs(path_, "logging.trace");  // fail before training
+}
 
 bool TraceRecorder::enabled_for(int64_t step) const {
   return !path_.empty() && std::find(steps_.begin(), steps_.end(), step) != steps_.end();
@@ -55,7 +63,7 @@ void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point
 
 void TraceRecorder::write() const {
   if (path_.empty()) return;
-  make_parent_dirs(path_);
+  make_parent_dirs(path_, "logging.trace");
   nlohmann::json events = events_;
   events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
                     {"args", {{"name", "rank " + std::to_string(rank_)}}}});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 #include "pipeline/schedule.hpp"
@@ -44,6 +45,20 @@ Session::Session(const Config& config)
             comms.tp.get()),
       executor(model, *comms.world, grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages) {}
+
+// A checkpoint of another model shape whose tensors happen to fit (n_head changes no
+// shape) must not be resumed.
+void check_same_model(const Config& cfg, const CheckpointMeta& meta, const std::string& path) {
+  const ModelConfig saved = parse_config(meta.config_yaml, path + "/meta.json").model;
+  const ModelConfig& m = cfg.model;
+  if (saved.n_layer != m.n_layer || saved.n_head != m.n_head || saved.d_model != m.d_model ||
+      saved.seq_len != m.seq_len || saved.vocab_size != m.vocab_size)
+    throw InputError(path + ": checkpoint of another model (n_layer " +
+                     std::to_string(saved.n_layer) + ", n_head " + std::to_string(saved.n_head) +
+                     ", d_model " + std::to_string(saved.d_model) + ", seq_len " +
+                     std::to_string(saved.seq_len) + ", vocab_size " +
+                     std::to_string(saved.vocab_size) + ") than the config's");
+}
 
 double share(Session& s, double value, bool contributes) {
   double v = contributes ? value : 0.0;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -52,6 +53,10 @@ auto run_all_or_none(Session& s, F&& f) {
     throw;
   }
 }
+
+// InputError when the checkpoint at `path` (its meta) was saved by another model shape
+// than config.model, even one whose tensors fit (n_head changes no shape).
+void check_same_model(const Config& config, const CheckpointMeta& meta, const std::string& path);
 
 // Sum over ranks of `value` from the ranks for which `contributes` is true: a result
 // only some ranks hold (the last stage's loss) made known to every rank.

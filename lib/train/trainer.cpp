@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -65,6 +66,14 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool st
           int(extremes[2]), extremes[3], extremes[4] > 0};
 }
 
+// Creates checkpoint.dir up front, so an unusable one fails before any training.
+void make_checkpoint_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError("checkpoint.dir: " + dir + ": cannot create: " + ec.message());
+}
+
 // True when every parameter of every rank is finite.
 bool parameters_finite(Session& s) {
   const float* p = s.model.params();
@@ -97,13 +106,21 @@ TrainResult train_rank(Session& s) {
                                  : resolve_resume(ckpt_dir, cfg.checkpoint.resume);
   if (!resume.empty()) {
     AlignedBuffer<float> m(arena), v(arena);
-    result.steps_done = load_run_checkpoint(s, resume, m.data(), v.data()).step;
+    const CheckpointMeta meta = load_run_checkpoint(s, resume, m.data(), v.data());
+    check_same_model(cfg, meta, resume);
+    result.steps_done = meta.step;
     sync.load_moments(m.data(), v.data(), opt);
     if (s.logs()) spdlog::info("resumed from {} at step {}", resume, result.steps_done);
   } else {
     if (!ckpt_dir.empty() && has_checkpoints(ckpt_dir))
-      throw InputError(ckpt_dir + ": already holds checkpoints of an earlier run; set "
-                       "checkpoint.resume: auto to continue it, or choose another checkpoint.dir");
+      throw InputError(cfg.checkpoint.resume == "auto"
+                           ? ckpt_dir + ": holds checkpoints but none of them is valid (see the "
+                                        "warnings above); move them away or choose another "
+                                        "checkpoint.dir"
+                           : ckpt_dir + ": already holds checkpoints of an earlier run; set "
+                                        "checkpoint.resume: auto to continue it, or choose "
+                                        "another checkpoint.dir");
+    make_checkpoint_dir(ckpt_dir);
     model.init_parameters(cfg.train.seed);
   }
   const ScheduleKind kind = parse_schedule(par.schedule);

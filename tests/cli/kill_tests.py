@@ -14,10 +14,29 @@ import time
 TIMEOUT_S = 8
 
 
-def rank_pids(rank):
-    """PIDs of pptrain processes that are MPI rank `rank`."""
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def descends_from(pid, ancestor):
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        pid = parent_of(pid)
+    return False
+
+
+def rank_pids(rank, job_pid):
+    """PIDs of the job's pptrain processes that are MPI rank `rank` (only this job's:
+    other runs may share the machine)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        if not descends_from(int(pid), job_pid):
+            continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
@@ -58,7 +77,7 @@ def kill_a_rank(pptrain, config, work):
     ckpt = os.path.join(work, "kill_rank")
     job = start(pptrain, config, ckpt, ["parallel.pp=2", "checkpoint.every=20"])
     wait_for(os.path.join(ckpt, "step_00000040"))
-    victims = rank_pids(1)
+    victims = rank_pids(1, job.pid)
     if not victims:
         sys.exit("could not find rank 1")
     killed_at = time.time()

@@ -193,6 +193,12 @@ CASES = [
     ("K17", [], ["eval", "--config", "base.yaml", "--set", "checkpoint.resume=auto", "--set",
                  "checkpoint.dir=ck"]),
     ("K18", [CK()], TRAIN + RESUME + ["--set", "model.seq_len=32"]),
+    ("K19", [CK()], TRAIN + RESUME + ["--set", "model.n_head=4"]),
+    # Output paths.
+    ("P01", [F("afile", "x")], TRAIN + ["--set", "logging.metrics=afile/m.jsonl"]),
+    ("P02", [F("afile", "x")], TRAIN + ["--set", "logging.trace=afile/t.json", "--set",
+                                        "logging.trace_steps=[1]"]),
+    ("P03", [F("afile", "x")], TRAIN + ["--set", "checkpoint.dir=afile/ck"]),
     # Device and launcher.
     ("V01", [], TRAIN + ["--set", "device=cuda"]),
     ("V02", [], ["{mpi}"] + TRAIN),
