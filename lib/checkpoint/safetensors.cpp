@@ -122,7 +122,9 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     for (const auto& d : *shape) {
       if (!d.is_number_unsigned()) throw fail(what + " has a shape entry that is not a size");
       const uint64_t n = d.get<uint64_t>();
-      if (n != 0 && numel > (std::numeric_limits<uint64_t>::max() / 8) / n)
+      // (A zero elsewhere in the shape does not excuse a dimension int64_t cannot hold.)
+      if (n > uint64_t(std::numeric_limits<int64_t>::max()) ||
+          (n != 0 && numel > (std::numeric_limits<uint64_t>::max() / 8) / n))
         throw fail(what + " has an impossibly large shape");
       numel *= n;
       t.shape.push_back(static_cast<int64_t>(n));

@@ -2,11 +2,14 @@
 // `--set key=value` overrides to the YAML tree, then decode (decode.cpp) and validate
 // (validate.cpp). Also holds the table of known keys and the error-location helpers.
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "config/config.hpp"
@@ -143,21 +146,60 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
+// Where each document of a YAML stream starts, and the mark of its root node. Used to
+// parse the documents without building them: after a stray token (e.g. a lone ',')
+// yaml-cpp 0.7's LoadAll loops forever, adding empty documents that all start there.
+class DocumentMarks : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts, roots;
+
+  void OnDocumentStart(const YAML::Mark& m) override { starts.push_back(m); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override { node(m); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override { node(m); }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override { node(m); }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& m) {
+    if (roots.size() < starts.size()) roots.push_back(m);
+  }
+};
+
 // Parses the text into one YAML document whose top level is a map (empty: no keys).
 YAML::Node load_root(const std::string& text, const std::string& file) {
-  std::vector<YAML::Node> docs;
+  DocumentMarks marks;
+  YAML::Node doc;
   try {
-    docs = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (marks.starts.size() < 3 && parser.HandleNextDocument(marks)) {
+      const std::size_t n = marks.starts.size();
+      if (n < 2 || marks.starts[n - 1].pos != marks.starts[n - 2].pos) continue;
+      const std::size_t pos = std::size_t(marks.starts[n - 1].pos);  // the parser is stuck
+      std::string what = "unexpected token";
+      if (pos < text.size() && std::isgraph(static_cast<unsigned char>(text[pos])))
+        what = "unexpected '" + text.substr(pos, 1) + "'";
+      throw YAML::ParserException(marks.starts[n - 1], what);
+    }
+    if (marks.starts.size() > 1)
+      throw InputError(at_line(file, marks.roots.size() > 1 ? marks.roots[1] : marks.starts[1]) +
+                       ": only one YAML document is allowed");
+    doc = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
     throw InputError(at_line(file, e.mark) + ": YAML syntax error: " + e.msg);
   }
-  if (docs.size() > 1)
-    throw InputError(at_line(file, docs[1].Mark()) + ": only one YAML document is allowed");
-  if (docs.empty() || docs[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
-  if (!docs[0].IsMap())
-    throw InputError(at_line(file, docs[0].Mark()) +
+  if (doc.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!doc.IsMap())
+    throw InputError(at_line(file, doc.Mark()) +
                      ": the top level must be a map of sections (model, train, ...)");
-  return docs[0];
+  return doc;
 }
 
 // Rejects unknown and duplicate keys in a map. `prefix` is "" at the top level. Errors
