@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# A throw-away Slurm cluster on this machine, for testing the sbatch scripts.
+#
+#   slurm_cluster.sh start DIR [NODES]  install Debian's slurm/munge if missing (root
+#                                       only), then start munged, slurmctld and one
+#                                       slurmd per node (default 1), with everything
+#                                       (key, sockets, config, state, logs) under DIR;
+#                                       waits until every node is idle and writes
+#                                       DIR/env to source (it sets SLURM_CONF)
+#   slurm_cluster.sh stop DIR           cancel the jobs, stop the daemons started from
+#                                       DIR and delete DIR
+#
+# Nothing outside DIR is written except by apt-get when it installs the packages: the
+# daemons get their config with -f and the clients through SLURM_CONF. Nodes are named
+# node1..nodeN, all on this host (127.0.0.1), each slurmd on its own port and with its
+# own spool and TmpFS (PMIx keeps per-step files there, which two slurmds on one host
+# must not share). Each node claims 8 CPUs whatever the machine has
+# (SlurmdParameters=config_overrides), so multi-rank CPU jobs fit on a small machine.
+# Exit status 77: cannot run here (not root, or Slurm is missing and cannot be
+# installed); the tests report that as skipped. A daemon that will not start is a
+# failure (exit 1); `stop` also cleans up after a failed start.
+set -euo pipefail
+
+SKIP=77
+PKGS=(slurmctld slurmd slurm-client munge)
+CRED_EXPIRE=${SLURM_TEST_CRED_EXPIRE:-10}
+
+die() { echo "slurm_cluster: $*" >&2; exit 1; }
+skip() { echo "slurm_cluster: SKIP: $*" >&2; exit "$SKIP"; }
+
+have_packages() {
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null &&
+    command -v sbatch >/dev/null && command -v munged >/dev/null
+}
+
+install_packages() {
+  have_packages && return 0
+  [[ $(id -u) -eq 0 ]] || skip "Slurm is not installed and installing it needs root: apt-get install ${PKGS[*]}"
+  command -v apt-get >/dev/null || skip "Slurm is not installed and there is no apt-get"
+  echo "slurm_cluster: installing ${PKGS[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${PKGS[@]}" \
+    >"$1/apt.log" 2>&1 || { tail -n 5 "$1/apt.log" >&2; skip "apt-get install ${PKGS[*]} failed"; }
+  have_packages || skip "apt-get installed ${PKGS[*]} but the daemons are not on PATH"
+}
+
+free_ports() {  # free_ports N: N distinct free TCP ports on 127.0.0.1
+  python3 - "$1" <<'EOF'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+write_conf() {
+  local dir=$1 host=$2 user=$3 nodes=$4
+  local -a ports
+  read -r -a ports <<<"$(free_ports $((nodes + 1)))"
+  cat >"$dir/slurm.conf" <<EOF
+# Test cluster of $nodes node(s) on one host; everything lives under $dir.
+ClusterName=pptrain-test
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=${ports[0]}
+SlurmUser=$user
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire also sets how long a requeued job waits before it may start (default 120 s).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=$CRED_EXPIRE
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+PlugStackConfig=$dir/plugstack.conf
+TmpFS=$dir/tmp/node1
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/jobcomp.txt
+SchedulerType=sched/builtin
+# Look at pending jobs every second: a requeued job starts as soon as it may.
+SchedulerParameters=sched_interval=1
+ReturnToService=2
+MinJobAge=600
+KillWait=10
+InactiveLimit=0
+EOF
+  local i
+  for ((i = 1; i <= nodes; i++)); do
+    echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[i]} CPUs=8 RealMemory=4096 State=UNKNOWN"
+  done >>"$dir/slurm.conf"
+  echo "PartitionName=debug Nodes=node[1-$nodes] Default=YES MaxTime=INFINITE OverSubscribe=YES State=UP" \
+    >>"$dir/slurm.conf"
+  # Each slurmd reads a copy that differs only in TmpFS.
+  for ((i = 1; i <= nodes; i++)); do
+    mkdir -p "$dir/tmp/node$i" "$dir/spool/node$i"
+    sed "s|^TmpFS=.*|TmpFS=$dir/tmp/node$i|" "$dir/slurm.conf" >"$dir/slurmd-node$i.conf"
+  done
+  : >"$dir/plugstack.conf"
+}
+
+wait_for() {  # wait_for SECONDS CMD...: retry CMD every 0.2 s
+  local deadline=$((SECONDS + $1)); shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+all_idle() {  # all_idle N: sinfo lists N nodes, all idle
+  local states
+  states=$(sinfo -h -N -o '%t' 2>/dev/null | sort | uniq -c | awk '{print $1, $2}')
+  [[ $states == "$1 idle" ]]
+}
+
+start() {
+  local dir=$1 nodes=$2
+  [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer, not '$nodes'"
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  install_packages "$dir"
+  [[ $(id -u) -eq 0 ]] || skip "slurmd must run as root to start jobs"
+  mkdir -p "$dir"/{munge,state,spool,log,tmp}
+  chmod 700 "$dir/munge"
+
+  # munged insists on a private key file and socket directory.
+  dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
+  chmod 600 "$dir/munge/munge.key"
+  munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
+    --seed-file="$dir/munge/munged.seed" ||
+    die "munged would not start (see $dir/log/munged.log)"
+  wait_for 10 test -S "$dir/munge/munge.socket" || die "munged made no socket (see $dir/log/munged.log)"
+
+  write_conf "$dir" "$(hostname -s)" "$(id -un)" "$nodes"
+  echo "export SLURM_CONF=$dir/slurm.conf" >"$dir/env"
+  export SLURM_CONF=$dir/slurm.conf
+
+  slurmctld -f "$SLURM_CONF" -i || die "slurmctld would not start (see $dir/log/slurmctld.log)"
+  wait_for 20 scontrol ping || die "slurmctld does not answer (see $dir/log/slurmctld.log)"
+  local i
+  for ((i = 1; i <= nodes; i++)); do
+    slurmd -f "$dir/slurmd-node$i.conf" -N "node$i" ||
+      die "slurmd for node$i would not start (see $dir/log/slurmd-node$i.log)"
+  done
+  if ! wait_for 30 all_idle "$nodes"; then
+    sinfo -N -l >&2 || true
+    tail -n 20 "$dir"/log/*.log >&2 || true
+    die "the nodes did not become idle (logs in $dir/log)"
+  fi
+  echo "slurm_cluster: $nodes node(s) idle; source $dir/env to use them" >&2
+}
+
+kill_pidfiles() {  # kill_pidfiles FILE...: TERM the daemons named there, wait for them
+  local f pid pids=()
+  for f in "$@"; do
+    [[ -s $f ]] || continue
+    pid=$(<"$f")
+    kill "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for _ in $(seq 50); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+stop() {
+  local dir=$1
+  [[ -d $dir ]] || return 0
+  # Cancel what still runs so no job step outlives its slurmd.
+  if [[ -f $dir/slurm.conf ]] && SLURM_CONF=$dir/slurm.conf scontrol ping >/dev/null 2>&1; then
+    SLURM_CONF=$dir/slurm.conf scancel --user="$(id -un)" 2>/dev/null || true
+    local deadline=$((SECONDS + 15))
+    while [[ -n $(SLURM_CONF=$dir/slurm.conf squeue -h -t RUNNING,COMPLETING 2>/dev/null) ]] &&
+      ((SECONDS < deadline)); do sleep 0.2; done
+  fi
+  # The slurmds first (they end the job steps they run), then slurmctld, then munged.
+  kill_pidfiles "$dir"/slurmd-*.pid
+  kill_pidfiles "$dir/slurmctld.pid"
+  kill_pidfiles "$dir/munge/munged.pid"
+  rm -rf "$dir"
+}
+
+case ${1:-} in
+  start) [[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 start DIR [NODES]"; start "$2" "${3:-1}" ;;
+  stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR"; stop "$2" ;;
+  *) die "usage: $0 start DIR [NODES] | stop DIR" ;;
+esac
