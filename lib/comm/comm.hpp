@@ -22,6 +22,8 @@ class PendingOp {
  public:
   virtual ~PendingOp() = default;
   virtual void wait() = 0;
+  // True once the operation has completed (never blocks).
+  virtual bool test() = 0;
 };
 
 // A communicator over a fixed set of ranks, built at start-up. Every member must call

@@ -45,6 +45,14 @@ class MpiPending final : public PendingOp {
     if (!done_) wait_all(requests_, info_);
     done_ = true;
   }
+  bool test() override {
+    if (!done_) {
+      int flag = 0;
+      MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
+      done_ = flag != 0;
+    }
+    return done_;
+  }
 
  private:
   std::vector<MPI_Request> requests_;

@@ -53,6 +53,7 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
   auto it = live_.find(key);
   if (it != live_.end()) return *it->second;
   auto& pool = pool_[size_t(key.second)];
+  if (pool.empty()) recycle_sent();
   std::unique_ptr<GptModel::Activations> a;
   if (pool.empty()) {
     a = model_.new_activations(key.second);
@@ -161,7 +162,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     const auto t1 = Clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count();
     (compute ? stats.compute_s : stats.wait_s) += s;
-    stats.peak_activations = std::max(stats.peak_activations, int(live_.size()));
+    stats.peak_activations = std::max(stats.peak_activations, int(live_.size() + draining_.size()));
     if (on_action) on_action(a, t0, t1);
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
@@ -202,6 +203,21 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
   }
   drain();
   return loss_sum;
+}
+
+void PipelineExecutor::recycle_sent() {
+  // Sets whose messages have all left go back to the pool, so a schedule that holds few
+  // sets at once (1F1B) also allocates few.
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    const bool sent = std::all_of(it->sends.begin(), it->sends.end(),
+                                  [](const auto& op) { return op->test(); });
+    if (sent) {
+      pool_[size_t(it->chunk)].push_back(std::move(it->acts));
+      it = draining_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void PipelineExecutor::drain() {

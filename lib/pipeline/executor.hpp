@@ -62,6 +62,7 @@ class PipelineExecutor {
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
   void drain();  // waits for every send still leaving and returns its set to the pool
+  void recycle_sent();  // returns the draining sets whose sends have completed
   int peer_for(Op op, int chunk, int* peer_chunk) const;
   int tag(int microbatch, int chunk, bool backward) const;
 

@@ -120,6 +120,15 @@ def main():
               f"{'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
+    # Memory: GPipe holds every micro-batch's activations, 1F1B about pp of them.
+    if "pp2" in names and "pp2_gpipe" in names:
+        peak = {n: max(json.loads(l)["peak_activations"] for l in open(os.path.join(work, n + ".jsonl")))
+                for n in ("pp2", "pp2_gpipe")}
+        ok = peak["pp2_gpipe"] == 4 and peak["pp2"] <= 3
+        print(f"peak activation sets at pp=2, m=4: gpipe {peak['pp2_gpipe']}, 1f1b {peak['pp2']} "
+              f"-> {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append("activation memory")
     # The same layout twice: bit-identical losses.
     again = run(pptrain, config, work, "tp2_pp2_dp2_again", 2, 2, 2, 2, [])
     first_run = [json.loads(l) for l in open(os.path.join(work, "tp2_pp2_dp2.jsonl"))] \
@@ -130,7 +139,7 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + len(RESUME_CASES) + 1} passed, 0 failed")
+    print(f"{len(names) + len(RESUME_CASES) + 2} passed, 0 failed")
 
 
 if __name__ == "__main__":
