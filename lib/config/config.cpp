@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -172,10 +173,11 @@ class DocumentMarks : public YAML::EventHandler {
   }
 };
 
-// Parses the text into one YAML document whose top level is a map (empty: no keys).
-YAML::Node load_root(const std::string& text, const std::string& file) {
+// Parses the text as exactly one YAML document; `locate` turns a mark into the
+// "where" of an error message.
+YAML::Node load_document(const std::string& text,
+                         const std::function<std::string(const YAML::Mark&)>& locate) {
   DocumentMarks marks;
-  YAML::Node doc;
   try {
     std::istringstream in(text);
     YAML::Parser parser(in);
@@ -189,12 +191,18 @@ YAML::Node load_root(const std::string& text, const std::string& file) {
       throw YAML::ParserException(marks.starts[n - 1], what);
     }
     if (marks.starts.size() > 1)
-      throw InputError(at_line(file, marks.roots.size() > 1 ? marks.roots[1] : marks.starts[1]) +
+      throw InputError(locate(marks.roots.size() > 1 ? marks.roots[1] : marks.starts[1]) +
                        ": only one YAML document is allowed");
-    doc = YAML::Load(text);
+    return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw InputError(at_line(file, e.mark) + ": YAML syntax error: " + e.msg);
+    throw InputError(locate(e.mark) + ": YAML syntax error: " + e.msg);
   }
+}
+
+// Parses the text into one YAML document whose top level is a map (empty: no keys).
+YAML::Node load_root(const std::string& text, const std::string& file) {
+  const YAML::Node doc =
+      load_document(text, [&](const YAML::Mark& m) { return at_line(file, m); });
   if (doc.IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!doc.IsMap())
     throw InputError(at_line(file, doc.Mark()) +
@@ -245,11 +253,10 @@ Override parse_override(const std::string& text) {
     start = dot + 1;
   }
   if (!is_section(key) && !is_field(key)) throw InputError(where + ": " + unknown_key(key));
-  try {
-    o.value = YAML::Load(text.substr(eq + 1));
-  } catch (const YAML::ParserException& e) {
-    throw InputError(where + ": invalid YAML value: " + e.msg);
-  }
+  // The same single-document check as a file: trailing junk is an error, not dropped.
+  o.value = load_document(text.substr(eq + 1), [&](const YAML::Mark&) {
+    return where + ": invalid YAML value";
+  });
   if (is_section(key) && o.value.IsMap()) check_keys(o.value, key, "", where);
   return o;
 }

@@ -143,6 +143,8 @@ const BadCase kBadCases[] = {
      "unknown key 'train.stepz'"},
     {"set_bad_yaml", "", {"logging.trace_steps=[1,"}, "--set logging.trace_steps=[1,",
      "invalid YAML value"},
+    {"set_trailing_junk", "", {"logging.trace_steps=[1,2], 3"},
+     "--set logging.trace_steps=[1,2], 3", "invalid YAML value: YAML syntax error: unexpected ','"},
     {"set_value", "train:\n  lr: 0.1\n", {"train.lr=-1"}, "--set train.lr",
      "train.lr: must be > 0 (got -1)"},
     {"set_type", "", {"model.n_layer=abc"}, "--set model.n_layer",
