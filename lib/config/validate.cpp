@@ -1,6 +1,7 @@
 // Value rules for a decoded Config: ranges, allowed names and cross-key constraints.
 // Each failure names the key and the place its value came from (file line or --set).
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <initializer_list>
 #include <sstream>
@@ -11,11 +12,11 @@
 namespace pptrain::config_detail {
 namespace {
 
+// The shortest text that reads back as v (3e-4, not 0.00029999999999999997).
 std::string num(double v) {
-  std::ostringstream s;
-  s.precision(17);
-  s << v;
-  return s.str();
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 // Small helpers that throw with the key's origin when a rule is broken.
