@@ -23,20 +23,9 @@ for t in "${targets[@]}"; do
 done
 
 # clang and its runtime libraries (libFuzzer, sanitizers), installed only when missing.
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-missing=()
-command -v clang++ >/dev/null || missing+=(clang)
-if [ ${#missing[@]} -eq 0 ]; then
-  major="$(clang++ -dumpversion | cut -d. -f1)"
-  installed "libclang-rt-${major}-dev" || missing+=("libclang-rt-${major}-dev")
-fi
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# (the runtime's package is named after clang's major version, known once clang is there).
+scripts/install_packages.sh clang
+scripts/install_packages.sh "libclang-rt-$(clang++ -dumpversion | cut -d. -f1)-dev"
 
 cmake -S fuzz -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]/%/_fuzzer}"

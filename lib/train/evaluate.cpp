@@ -20,10 +20,6 @@ double evaluate_checkpoint(const Config& cfg) {
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
   if (val.empty())
     throw InputError(cfg.source_path + ": data.val_path: eval needs validation data");
-  if (validation_windows(val.size(), cfg.model.seq_len) == 0)
-    throw InputError(cfg.data.val_path + ": holds " + std::to_string(val.size()) +
-                     " tokens, fewer than one window of seq_len+1 = " +
-                     std::to_string(cfg.model.seq_len + 1));
   Session s(cfg);
   return run_all_or_none(s, [&](Session& session) {
     const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr, nullptr);

@@ -92,9 +92,6 @@ TrainResult train_rank(Session& s) {
   const auto& par = cfg.parallel;
   TrainData data = TrainData::open(cfg.data, cfg.model, cfg.train.seed);
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
-  if (!val.empty() && validation_windows(val.size(), cfg.model.seq_len) == 0)
-    throw InputError(cfg.data.val_path + ": holds " + std::to_string(val.size()) +
-                     " tokens, fewer than one window of seq_len+1");
   GradSync sync(s);
   AdamW opt(model.layout(), cfg.train, sync.begin(), sync.end());
   const size_t arena = model.layout().total_floats();

@@ -22,6 +22,17 @@ namespace pptrain::ckpt_test {
 
 namespace fs = std::filesystem;
 
+// A whole file's bytes, and a file replaced by `bytes`.
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+inline void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 inline ModelConfig small_model(int d_model = 16, int n_layer = 2) {
   ModelConfig m;
   m.n_layer = n_layer;
@@ -95,15 +106,6 @@ class CheckpointTest : public ::testing::Test {
     return (fs::path(dir_) / name).string();
   }
 
-  static std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  static void spit(const std::string& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  }
   static void flip_byte(const std::string& path, std::size_t pos) {
     std::string bytes = slurp(path);
     ASSERT_LT(pos, bytes.size());

@@ -12,9 +12,12 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "fixture.hpp"
 
 namespace fs = std::filesystem;
 using namespace pptrain;
+using pptrain::ckpt_test::slurp;
+using pptrain::ckpt_test::spit;
 
 namespace {
 
@@ -29,15 +32,6 @@ class SafetensorsTest : public ::testing::Test {
 
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
 
-  static std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  static void spit(const std::string& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  }
   // A file with the given header text and `data_bytes` zero bytes of data.
   std::string raw(const std::string& header, std::size_t data_bytes, const std::string& name) {
     std::string out(8, '\0');
