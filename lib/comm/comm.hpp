@@ -1,12 +1,14 @@
 // The communication interface: groups (collectives over a fixed set of ranks), the
 // world (point-to-point by world rank) and the bundle of every communicator of a run.
-// No MPI header here: the MPI implementation lives in mpi_*.cpp, NCCL comes later.
+// No MPI or NCCL header here: the MPI implementation lives in mpi_*.cpp, the NCCL one
+// (device memory, CUDA builds) in nccl_*.cpp.
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "topology/rank_grid.hpp"
 
 namespace pptrain::comm {
@@ -38,6 +40,8 @@ class Group {
 
   virtual void all_reduce(float* data, std::size_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* data, std::size_t n, ReduceOp op) = 0;
+  // Sum of an array of `dtype` (activations: bf16 on CUDA; MPI takes fp32 only).
+  virtual void all_reduce(void* data, std::size_t n, DType dtype) = 0;
   // Sum; send holds size() * recv_count values, this rank keeps block rank(). send may
   // equal recv (in place: the input is read from recv).
   virtual void reduce_scatter(const float* send, float* recv, std::size_t recv_count) = 0;
@@ -50,13 +54,13 @@ class Group {
   virtual std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) = 0;
 };
 
-// One point-to-point message to or from a world rank. Tags are >= 0 and small (the MPI
+// One point-to-point message of `bytes` bytes to or from a world rank. Tags are >= 0 and small (the MPI
 // guarantee is 32767); a send matches the receive of the same tag from this rank.
 struct Transfer {
   enum Kind { Send, Recv } kind;
   int peer;
-  float* data;
-  std::size_t count;
+  void* data;
+  std::size_t bytes;
   int tag;
 };
 
@@ -76,14 +80,32 @@ class World {
   [[noreturn]] virtual void abort(const std::string& message, int exit_code = 1) = 0;
 };
 
+// Communicators for arrays in GPU memory (NCCL): the activations between stages and
+// inside a tensor-parallel group, and the gradients. Host values still use Comms' MPI
+// groups.
+struct DeviceComms {
+  std::unique_ptr<World> world;
+  std::unique_ptr<Group> tp, dp;
+  std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
+};
+
 // Every communicator of the run, created once at start-up on every rank in the same
 // order. Destroy it before anything that outlives MPI (it may finalize MPI).
+// The plain members take host memory; the *_for_model() accessors give what the
+// model's arrays (backend memory) must use: the NCCL communicators when `device` is
+// set, else the same host ones.
 struct Comms {
   std::unique_ptr<World> world;
   std::unique_ptr<Group> all;  // every rank, named "world"
   std::unique_ptr<Group> tp, dp, pp;
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
-  double timeout_s = 0;              // the watchdog limit of every wait (0: local, none)
+  std::unique_ptr<DeviceComms> device;  // null: the backend's memory is host memory
+  double timeout_s = 0;                 // the watchdog limit of every wait (0: local, none)
+
+  World& world_for_model() const { return device ? *device->world : *world; }
+  Group* tp_for_model() const { return device ? device->tp.get() : tp.get(); }
+  Group* dp_for_model() const { return device ? device->dp.get() : dp.get(); }
+  Group* embedding_for_model() const { return device ? device->embedding.get() : embedding.get(); }
 };
 
 // Keeps MPI initialised while it lives: initialises MPI (thread level SERIALIZED: one

@@ -1,6 +1,7 @@
 // One-rank communicators for single-process runs: every group has one member, so
 // collectives copy or do nothing, and the world only exchanges with itself.
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 
@@ -25,6 +26,7 @@ class LocalGroup final : public Group {
   const std::vector<int>& world_ranks() const override { return members_; }
 
   void all_reduce(float*, std::size_t, ReduceOp) override {}
+  void all_reduce(void*, std::size_t, DType) override {}
   void all_reduce(double*, std::size_t, ReduceOp) override {}
   void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
     if (send != recv) std::copy_n(send, recv_count, recv);
@@ -64,10 +66,10 @@ class LocalWorld final : public World {
       });
       PPTRAIN_CHECK(it != batch.end(), "exchange: receive with tag " + std::to_string(r.tag) +
                                            " has no matching send");
-      PPTRAIN_CHECK(it->count == r.count, "exchange: send and receive sizes differ for tag " +
+      PPTRAIN_CHECK(it->bytes == r.bytes, "exchange: send and receive sizes differ for tag " +
                                               std::to_string(r.tag));
       used[static_cast<std::size_t>(it - batch.begin())] = true;
-      std::copy_n(it->data, r.count, r.data);
+      std::memcpy(r.data, it->data, r.bytes);
     }
     for (std::size_t i = 0; i < batch.size(); ++i)
       PPTRAIN_CHECK(batch[i].kind == Transfer::Recv || used[i],

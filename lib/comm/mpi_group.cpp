@@ -1,5 +1,6 @@
 // Collectives of one MPI communicator: each is started non-blocking and waited under
 // the watchdog (mpi_wait.cpp), so a missing member ends the job with a message.
+#include <stdexcept>
 #include <utility>
 
 #include "comm/mpi_impl.hpp"
@@ -38,6 +39,12 @@ class MpiGroup final : public Group {
       return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all_reduce"), MPI_DOUBLE,
                             mpi_op(op), comm_, r);
     });
+  }
+  void all_reduce(void* data, std::size_t n, DType dtype) override {
+    if (dtype != DType::F32)
+      throw std::runtime_error(name_ + ": MPI all_reduce takes fp32 arrays only, not " +
+                               dtype_name(dtype));
+    all_reduce(static_cast<float*>(data), n, ReduceOp::Sum);
   }
   void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
     const void* in = send == recv ? MPI_IN_PLACE : send;

@@ -51,12 +51,12 @@ class MpiWorld final : public World {
     for (int pass = 0; pass < 2; ++pass) {
       for (std::size_t i = 0; i < batch.size(); ++i) {
         const Transfer& t = batch[i];
-        const int count = static_cast<int>(t.count);
+        const int count = static_cast<int>(t.bytes);
         if (pass == 0 && t.kind == Transfer::Recv)
-          check_mpi(MPI_Irecv(t.data, count, MPI_FLOAT, t.peer, t.tag, comm_, &requests[i]),
+          check_mpi(MPI_Irecv(t.data, count, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]),
                     "MPI_Irecv", info);
         if (pass == 1 && t.kind == Transfer::Send)
-          check_mpi(MPI_Isend(t.data, count, MPI_FLOAT, t.peer, t.tag, comm_, &requests[i]),
+          check_mpi(MPI_Isend(t.data, count, MPI_BYTE, t.peer, t.tag, comm_, &requests[i]),
                     "MPI_Isend", info);
       }
     }
@@ -83,8 +83,8 @@ class MpiWorld final : public World {
     PPTRAIN_CHECK(t.tag >= 0 && t.tag <= tag_ub_,
                   "exchange: tag " + std::to_string(t.tag) + " is outside [0, " +
                       std::to_string(tag_ub_) + "]");
-    PPTRAIN_CHECK(t.data != nullptr || t.count == 0, "exchange: null buffer");
-    mpi_count(t.count, "exchange");
+    PPTRAIN_CHECK(t.data != nullptr || t.bytes == 0, "exchange: null buffer");
+    mpi_count(t.bytes, "exchange");
   }
 
   std::shared_ptr<MpiSession> session_;  // keeps MPI alive until comm_ is freed

@@ -1,99 +1,226 @@
-// The numeric backend interface: every op the GPT model needs, on fp32 row-major
-// arrays in the backend's memory. The model is written once against this
-// interface; the CPU backend (ops/cpu) is the reference and a CUDA backend plugs
-// in behind the same calls. Backward ops are split into an input-gradient part and
-// a weight-gradient part so pipeline schedules can move the latter.
-// "+=" in a comment means the op accumulates into its output.
+// The numeric backend interface: the memory and every op the GPT model needs, on
+// row-major arrays in the backend's memory (host memory on the CPU, device memory on
+// CUDA). The model is written once against this interface; the CPU backend (ops/cpu)
+// is the fp32 reference and the CUDA backend (ops/cuda) plugs in behind the same calls.
+//
+// Types: `Act` arrays (activations, the weight copy the forward reads, logits) hold
+// elements of the backend's compute_dtype() (fp32 on the CPU; bf16 or fp32 on CUDA);
+// `float` arrays (master weights, parameter gradients, optimizer state, LayerNorm
+// statistics, losses) are always fp32. Token and target arrays are int32 in backend
+// memory. Backward ops are split into an input-gradient part and a weight-gradient
+// part so pipeline schedules can move the latter. "+=" in a comment means the op
+// accumulates into its output.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.hpp"
 
 namespace pptrain::ops {
+
+// An element of an array in the backend's compute dtype: an incomplete type, so such
+// arrays are only ever touched by the backend. Offsets go through advance().
+struct Act;
+
+inline Act* advance(Act* p, std::size_t n, DType t) {
+  return reinterpret_cast<Act*>(reinterpret_cast<std::byte*>(p) + n * dtype_size(t));
+}
+inline const Act* advance(const Act* p, std::size_t n, DType t) {
+  return reinterpret_cast<const Act*>(reinterpret_cast<const std::byte*>(p) + n * dtype_size(t));
+}
+// An fp32 array seen as Act (for backends whose compute dtype is fp32).
+inline Act* as_act(float* p) { return reinterpret_cast<Act*>(p); }
+inline const Act* as_act(const float* p) { return reinterpret_cast<const Act*>(p); }
+
+// The hyper-parameters of one AdamW update (bias corrections already folded in).
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay;
+  float inv_bias_correction1, inv_bias_correction2;  // 1/(1-beta^t)
+  float grad_scale;                                   // clipping factor applied to g
+};
+
+// One fp32 array in backend memory, for sum_squares.
+struct Span {
+  const float* data;
+  std::size_t n;
+};
 
 class Ops {
  public:
   virtual ~Ops() = default;
 
+  // ---- Identity and memory ----
+  virtual std::string name() const = 0;     // e.g. "cpu (fp32, OpenBLAS, 2 threads)"
+  virtual DType compute_dtype() const = 0;  // element type of Act arrays
+  virtual bool device_memory() const = 0;   // true: pointers are not host-readable
+  // 256-byte aligned backend memory with undefined contents; deallocate() frees it.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p) noexcept = 0;
+  virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Waits for the work queued before it, then copies to host memory.
+  virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void fill_zero(void* dst, std::size_t bytes) = 0;
+  // Waits until every queued op has finished (a no-op on the CPU).
+  virtual void synchronize() = 0;
+  // The native queue ops run on (a cudaStream_t on CUDA, null on the CPU), so a
+  // communicator can order its work after theirs.
+  virtual void* native_stream() { return nullptr; }
+
+  // ---- Precision and optimizer ----
+  // dst = src rounded to the compute dtype (a copy when it is fp32).
+  virtual void to_compute(Act* dst, const float* src, std::size_t n) = 0;
+  // dst = src widened to fp32.
+  virtual void to_float(float* dst, const Act* src, std::size_t n) = 0;
+  // Sum over the spans of x^2, accumulated in fp64 in a fixed order (deterministic).
+  virtual double sum_squares(const std::vector<Span>& spans) = 0;
+  // One AdamW update of n elements: g = grad_scale * grads; m, v updated; params
+  // updated (decoupled weight decay); weights (if not null) = params in compute dtype.
+  virtual void adamw(float* params, Act* weights, const float* grads, float* m, float* v,
+                     std::size_t n, const AdamWStep& h) = 0;
+
+  // ---- Matrix products ----
   // C[M,N] = alpha * op(A) @ op(B) + beta * C. op(A) is [M,K], op(B) is [K,N];
   // A is stored [M,K] (or [K,M] when trans_a), B is [K,N] (or [N,K] when trans_b).
-  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                    const float* B, float beta, float* C) = 0;
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
+                    const Act* B, float beta, Act* C) = 0;
+  // A linear layer: out[N,Cout] = inp[N,Cin] @ w[Cin,Cout] (+ bias[Cout] when bias is not
+  // null); when gelu_out is not null also gelu_out = gelu(out). Backends fuse the bias and
+  // GELU into the product where they can.
+  virtual void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w,
+                              const Act* bias, int N, int Cin, int Cout);
+  // Weight gradient of a linear layer: dw[Cin,Cout] += inp[N,Cin]^T @ dout[N,Cout], fp32.
+  virtual void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
+                                  int Cout) = 0;
   // out[n,c] += bias[c] for n < N.
-  virtual void add_bias(float* out, const float* bias, int N, int C) = 0;
+  virtual void add_bias(Act* out, const Act* bias, int N, int C) = 0;
   // dbias[c] += sum_n dout[n,c].
-  virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;
+  virtual void bias_backward(float* dbias, const Act* dout, int N, int C) = 0;
 
+  // ---- Normalisation and activation ----
   // out[n,:] = (inp[n,:] - mean) * rstd * w + b; saves mean[N], rstd[N]. eps = 1e-5.
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* w, const float* b, int N, int C) = 0;
+  virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp,
+                                 const Act* w, const Act* b, int N, int C) = 0;
   // dinp += d(out)/d(inp)^T dout.
-  virtual void layernorm_backward_input(float* dinp, const float* dout, const float* inp,
-                                        const float* w, const float* mean, const float* rstd,
+  virtual void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp,
+                                        const Act* w, const float* mean, const float* rstd,
                                         int N, int C) = 0;
   // dw += sum_n dout * xhat; db += sum_n dout.
-  virtual void layernorm_backward_weight(float* dw, float* db, const float* dout,
-                                         const float* inp, const float* mean, const float* rstd,
-                                         int N, int C) = 0;
-
+  virtual void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
+                                         const float* mean, const float* rstd, int N, int C) = 0;
   // GELU, tanh approximation (GPT-2's "gelu_new").
-  virtual void gelu_forward(float* out, const float* inp, std::size_t n) = 0;
-  // dinp = gelu'(inp) * dout (overwrites).
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) = 0;
+  virtual void gelu_forward(Act* out, const Act* inp, std::size_t n) = 0;
+  // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
+  virtual void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) = 0;
 
+  // ---- Attention ----
+  // Bytes of the state attention_forward saves for its backward (the CPU saves the
+  // [B,NH,T,T] probabilities; a fused kernel saves less).
+  virtual std::size_t attention_state_bytes(int B, int T, int NH) const = 0;
   // Causal multi-head self-attention core. qkv[B,T,3C] holds q|k|v, each split into
-  // NH heads of C/NH; out[B,T,C]; att[B,NH,T,T] receives the softmax probabilities
-  // (entries above the diagonal are 0). Scale 1/sqrt(C/NH).
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  // NH heads of C/NH; out[B,T,C]. Scale 1/sqrt(C/NH).
+  virtual void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                                  int NH) = 0;
-  // dqkv = gradient w.r.t. qkv (overwrites), from dout[B,T,C] and the saved att.
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int C, int NH) = 0;
+  // dqkv = gradient w.r.t. qkv (overwrites), from dout[B,T,C] and the saved state.
+  virtual void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state,
+                                  int B, int T, int C, int NH) = 0;
 
+  // ---- Embedding and loss ----
   // Vocab-parallel embedding: wte holds the rows [vocab_begin, vocab_begin+vocab_rows)
   // of the token table. out[b,t,:] = wte[tokens[b,t]-vocab_begin,:] for tokens in that
   // range, 0 for others; plus wpe[t,:] when wpe is not null.
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 int vocab_begin, int vocab_rows, const float* wpe, int B, int T,
+  virtual void embedding_forward(Act* out, const int32_t* tokens, const Act* wte,
+                                 int vocab_begin, int vocab_rows, const Act* wpe, int B, int T,
                                  int C) = 0;
   // dwte[tokens[b,t]-vocab_begin,:] += dout[b,t,:] for tokens in range;
   // dwpe[t,:] += dout[b,t,:] when dwpe is not null.
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+  virtual void embedding_backward(float* dwte, float* dwpe, const Act* dout,
                                   const int32_t* tokens, int vocab_begin, int vocab_rows, int B,
                                   int T, int C) = 0;
-
   // Softmax cross-entropy over the first V of Vp columns of logits[N,Vp] (the padded
   // columns are masked out). losses[n] = -log p[n, targets[n]];
   // dlogits[n,:] = dloss * (p[n,:] - onehot(targets[n])), 0 on padded columns.
   // dlogits may alias logits. dlogits == nullptr computes the loss only.
-  virtual void cross_entropy(float* losses, float* dlogits, const float* logits,
+  virtual void cross_entropy(float* losses, Act* dlogits, const Act* logits,
                              const int32_t* targets, int N, int V, int Vp, float dloss) = 0;
-
   // Vocab-parallel cross-entropy in three phases, for logits[N,Vl] that hold the
   // columns [col_begin, col_begin+Vl) of the padded vocabulary (global columns >= V are
   // padding). Between phases the caller all-reduces over the tensor-parallel group:
   // rowmax with MAX after phase 1, stats with SUM after phase 2.
   // 1. rowmax[n] = max over this shard's real columns (-inf when it has none).
-  virtual void ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin,
+  virtual void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin,
                           int V) = 0;
   // 2. stats[2n] = sum over real columns of exp(logit - rowmax[n]); stats[2n+1] = the
   //    target's logit when its column is in this shard, else 0.
-  virtual void ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+  virtual void ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
                                const int32_t* targets, int N, int Vl, int col_begin, int V) = 0;
   // 3. losses[n] = log(stats[2n]) + rowmax[n] - stats[2n+1]; when dlogits is not null
   //    (it may alias logits) dlogits = dloss * (p - onehot(target)), 0 on padding.
-  virtual void ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+  virtual void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
                          const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
                          int V, float dloss) = 0;
 
-  // out = a + b, elementwise (out may alias a or b).
-  virtual void add(float* out, const float* a, const float* b, std::size_t n) = 0;
-  // dst += src.
+  // ---- Elementwise ----
+  // out = a + b (out may alias a or b).
+  virtual void add(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
+  // dst += src, fp32.
   virtual void accumulate(float* dst, const float* src, std::size_t n) = 0;
+};
+
+// Move-only owner of `bytes` of one backend's memory (256-byte aligned).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Ops& ops, std::size_t bytes)
+      : ops_(&ops), data_(bytes ? ops.allocate(bytes) : nullptr), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept
+      : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ops_ = o.ops_;
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+
+  void* get() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Act* act() const { return static_cast<Act*>(data_); }
+  float* f32() const { return static_cast<float*>(data_); }
+  int32_t* i32() const { return static_cast<int32_t*>(data_); }
+  void zero() {
+    if (data_) ops_->fill_zero(data_, bytes_);
+  }
+
+ private:
+  void release() noexcept {
+    if (data_) ops_->deallocate(data_);
+    data_ = nullptr;
+  }
+  Ops* ops_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 // The fp32 CPU reference backend; GEMMs through OpenBLAS with `threads` threads
 // (0: all cores).
 std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
+
+// True when this build has the CUDA backend; the number of visible CUDA devices (0 when
+// none, no driver, or no CUDA backend).
+bool cuda_backend_built();
+int cuda_device_count();
+// The CUDA backend on device `device` with activations and weight copy in `compute`
+// (BF16 or F32). Throws std::runtime_error when this build has no CUDA backend.
+std::unique_ptr<Ops> make_cuda_ops(int device, DType compute);
 
 }  // namespace pptrain::ops

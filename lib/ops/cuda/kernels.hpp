@@ -1,0 +1,101 @@
+// Launchers of the CUDA backend's own kernels: one function per op, each taking its
+// stream, checking its preconditions and the launch. T is the element type of
+// activations and weight copies (float or __nv_bfloat16); statistics, losses,
+// parameter gradients, master weights and optimizer state are always float. Inside
+// the kernels all arithmetic is fp32. Each launcher's contract is the one of the
+// ops::Ops method of the same name (ops/ops.hpp); the kernels are static in the .cu
+// files that define these launchers (explicitly instantiated for both T).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pptrain::ops::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- elementwise (elementwise.cu) ----
+template <typename T> void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s);
+void accumulate(float* dst, const float* src, std::size_t n, cudaStream_t s);
+template <typename T> void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s);
+// dbias[c] += sum_n dout[n,c] (deterministic: fixed reduction order, no atomics).
+template <typename T> void bias_backward(float* dbias, const T* dout, int N, int C, cudaStream_t s);
+template <typename T> void gelu_forward(T* out, const T* inp, std::size_t n, cudaStream_t s);
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n, cudaStream_t s);
+// dst = T(src) and dst = float(src).
+template <typename T> void to_compute(T* dst, const float* src, std::size_t n, cudaStream_t s);
+template <typename T> void to_float(float* dst, const T* src, std::size_t n, cudaStream_t s);
+
+// ---- LayerNorm (layernorm.cu), eps = 1e-5 ----
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
+                       int N, int C, cudaStream_t s);
+template <typename T>
+void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
+                              const float* rstd, int N, int C, cudaStream_t s);
+// Deterministic column sums (no atomics).
+template <typename T>
+void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp,
+                               const float* mean, const float* rstd, int N, int C, cudaStream_t s);
+
+// ---- embedding (embedding.cu) ----
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, int vocab_begin,
+                       int vocab_rows, const T* wpe, int B, int T_, int C, cudaStream_t s);
+// Deterministic: each output row of dwte is summed by one owner in position order.
+template <typename T>
+void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens,
+                        int vocab_begin, int vocab_rows, int B, int T_, int C, cudaStream_t s);
+
+// ---- cross-entropy (cross_entropy.cu), softmax over the vocabulary in fp32 ----
+template <typename T>
+void cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int N,
+                   int V, int Vp, float dloss, cudaStream_t s);
+template <typename T>
+void ce_row_max(float* rowmax, const T* logits, int N, int Vl, int col_begin, int V,
+                cudaStream_t s);
+template <typename T>
+void ce_partial_sums(float* stats, const T* logits, const float* rowmax, const int32_t* targets,
+                     int N, int Vl, int col_begin, int V, cudaStream_t s);
+template <typename T>
+void ce_finish(float* losses, T* dlogits, const T* logits, const float* rowmax,
+               const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
+               float dloss, cudaStream_t s);
+
+// ---- attention pieces (attention.cu); the products in between are batched GEMMs ----
+// qkv[B,T,3,NH,hs] -> q, k, v each [B,NH,T,hs].
+template <typename T>
+void split_heads(T* q, T* k, T* v, const T* qkv, int B, int T_, int NH, int hs, cudaStream_t s);
+// y[B,NH,T,hs] -> out[B,T,NH*hs].
+template <typename T>
+void merge_heads(T* out, const T* y, int B, int T_, int NH, int hs, cudaStream_t s);
+// The inverse of merge_heads: dout[B,T,NH*hs] -> dy[B,NH,T,hs].
+template <typename T>
+void split_heads_grad(T* dy, const T* dout, int B, int T_, int NH, int hs, cudaStream_t s);
+// The inverse of split_heads: dq, dk, dv [B,NH,T,hs] -> dqkv[B,T,3,NH,hs].
+template <typename T>
+void merge_qkv_grad(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int T_, int NH, int hs,
+                    cudaStream_t s);
+// In place over rows of att[BH,T,T]: row t becomes softmax(scale * att[t, 0..t]) with
+// the entries above the diagonal set to 0.
+template <typename T> void causal_softmax_forward(T* att, float scale, int BH, int T_, cudaStream_t s);
+// In place: datt[BH,T,T] (dL/d probabilities) becomes dL/d(raw scores) =
+// scale * p * (datt - sum_j p_j datt_j), 0 above the diagonal; p = the saved att.
+template <typename T>
+void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_, cudaStream_t s);
+
+// ---- optimizer and norms (optimizer.cu) ----
+// One AdamW update of n elements (see ops::Ops::adamw); weights may be null.
+template <typename T>
+void adamw(float* params, T* weights, const float* grads, float* m, float* v, std::size_t n,
+           float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
+           float inv_bc2, float grad_scale, cudaStream_t s);
+// *out = sum of x^2 in fp64, deterministic. `scratch` holds at least
+// sum_squares_scratch_doubles() doubles of device memory.
+void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cudaStream_t s);
+std::size_t sum_squares_scratch_doubles();
+
+}  // namespace pptrain::ops::cuda
