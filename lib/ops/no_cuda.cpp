@@ -1,0 +1,15 @@
+// The CUDA entry points of a build without the CUDA backend.
+#include <stdexcept>
+
+#include "ops/ops.hpp"
+
+namespace pptrain::ops {
+
+bool cuda_backend_built() { return false; }
+int cuda_device_count() { return 0; }
+std::unique_ptr<Ops> make_cuda_ops(int, DType) {
+  throw std::runtime_error("this build of pptrain has no CUDA backend (configure with the CUDA "
+                           "toolkit installed, PPTRAIN_CUDA=AUTO or ON)");
+}
+
+}  // namespace pptrain::ops

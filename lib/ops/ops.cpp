@@ -1,0 +1,13 @@
+// Default implementations shared by the backends.
+#include "ops/ops.hpp"
+
+namespace pptrain::ops {
+
+void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
+                         int N, int Cin, int Cout) {
+  gemm(false, false, N, Cout, Cin, 1.0f, inp, w, 0.0f, out);
+  if (bias) add_bias(out, bias, N, Cout);
+  if (gelu_out) gelu_forward(gelu_out, out, std::size_t(N) * std::size_t(Cout));
+}
+
+}  // namespace pptrain::ops
