@@ -70,6 +70,10 @@ class Ops {
   // The native queue ops run on (a cudaStream_t on CUDA, null on the CPU), so a
   // communicator can order its work after theirs.
   virtual void* native_stream() { return nullptr; }
+  // Most backend memory held at once so far (bytes; 0 when the backend does not track it).
+  virtual std::size_t peak_memory_bytes() const { return 0; }
+  // The accelerator's model name for MFU's peak table ("" on the CPU).
+  virtual std::string device_model() const { return {}; }
 
   // ---- Precision and optimizer ----
   // dst = src rounded to the compute dtype (a copy when it is fp32).
