@@ -47,6 +47,9 @@ struct TrainConfig {
   int threads = 0;       // CPU threads for GEMMs; 0: all cores
   std::string on_nonfinite = "stop";  // stop | skip: what a non-finite loss/grad norm does
   int max_nonfinite = 5;              // skip: stop after this many such steps in a row
+  // Activations and weight copy: auto (bf16 on CUDA, fp32 on the CPU) | bf16 | fp32.
+  std::string precision = "auto";
+  double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak
 };
 
 struct DataConfig {

@@ -128,6 +128,8 @@ void validate_train(const TrainConfig& t, const Rules& r) {
   r.at_least("train.threads", t.threads, 0);
   r.one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
   r.at_least("train.max_nonfinite", t.max_nonfinite, 1);
+  r.one_of("train.precision", t.precision, {"auto", "bf16", "fp32"});
+  r.non_negative("train.peak_tflops", t.peak_tflops);
 }
 
 void validate_data(const Config& c, const Rules& r) {
@@ -168,6 +170,10 @@ void validate(const Config& config, const Origins& origins) {
   validate_checkpoint(config.checkpoint, rules);
   validate_logging(config.logging, rules);
   rules.one_of("device", config.device, {"cpu", "auto", "cuda"});
+  // device auto may still end on the CPU; the backend reports that when it is chosen.
+  if (config.train.precision == "bf16" && config.device == "cpu")
+    rules.fail("train.precision", "bf16 needs device cuda or auto; the CPU backend computes in "
+                                  "fp32 (got device cpu)");
 }
 
 }  // namespace pptrain::config_detail

@@ -98,6 +98,8 @@ Config non_default_config() {
   c.train.eval_every = 50;
   c.train.eval_batches = 9;
   c.train.threads = 3;
+  c.train.precision = "bf16";
+  c.train.peak_tflops = 989.5;
   c.data = {"llmc", "data/train: #1 \"x\".bin", "~"};
   c.checkpoint = {"true", 100, 2, "123"};
   c.logging = {7, "null", "", {0, 5, 10}, "warn"};
@@ -119,7 +121,8 @@ TEST(ConfigRoundTrip, DefaultsRoundTripAndEveryKeyIsWritten) {
   std::string text = to_yaml(defaults);
   expect_same_config(parse_config(text, "d.yaml"), defaults);
   for (const char* key : {"n_layer:", "micro_batch_size:", "eval_batches:", "val_path:",
-                          "resume:", "trace_steps: []", "level:", "device: \"cpu\""})
+                          "resume:", "trace_steps: []", "level:", "device: \"cpu\"",
+                          "precision: \"auto\"", "peak_tflops: 0"})
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
 }
 
@@ -197,7 +200,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 44);
+  EXPECT_EQ(keys, 46);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {

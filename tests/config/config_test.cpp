@@ -115,6 +115,17 @@ const BadCase kBadCases[] = {
     {"eval_every", "train:\n  eval_every: -1\n", {}, "x.yaml:2", "train.eval_every: must be >= 0"},
     {"eval_batches", "train:\n  eval_batches: -1\n", {}, "x.yaml:2", "must be >= 0"},
     {"threads", "train:\n  threads: -2\n", {}, "x.yaml:2", "train.threads: must be >= 0"},
+    {"precision", "train:\n  precision: fp16\n", {}, "x.yaml:2",
+     "train.precision: must be one of auto, bf16, fp32 (got 'fp16')"},
+    {"bf16_on_cpu", "train:\n  precision: bf16\ndevice: cpu\n", {}, "x.yaml:2",
+     "train.precision: bf16 needs device cuda or auto"},
+    {"bf16_default_device", "", {"train.precision=bf16"}, "--set train.precision",
+     "train.precision: bf16 needs device cuda or auto; the CPU backend computes in fp32 (got "
+     "device cpu)"},
+    {"peak_neg", "train:\n  peak_tflops: -1\n", {}, "x.yaml:2",
+     "train.peak_tflops: must be >= 0 (got -1)"},
+    {"peak_word", "train:\n  peak_tflops: h100\n", {}, "x.yaml:2",
+     "train.peak_tflops: expected a number, got 'h100'"},
     // Data, checkpoint, logging, device.
     {"source", "data:\n  source: csv\n", {}, "x.yaml:2",
      "must be one of synthetic, text, llmc, nanogpt (got 'csv')"},
@@ -202,6 +213,8 @@ train:
   eval_every: 3
   eval_batches: 4
   threads: 2
+  precision: bf16
+  peak_tflops: 756.5
 data: {source: text, path: train.txt, val_path: val.txt}
 checkpoint: {dir: ckpt, every: 5, keep: 1, resume: auto}
 logging:
@@ -239,6 +252,8 @@ device: auto
   EXPECT_EQ(c.train.eval_every, 3);
   EXPECT_EQ(c.train.eval_batches, 4);
   EXPECT_EQ(c.train.threads, 2);
+  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.peak_tflops, 756.5);
   EXPECT_EQ(c.data.source, "text");
   EXPECT_EQ(c.data.path, "train.txt");
   EXPECT_EQ(c.data.val_path, "val.txt");
@@ -267,6 +282,21 @@ TEST(ConfigDecode, DefaultsWhenSectionsAbsentOrEmpty) {
   EXPECT_EQ(c.train.steps, 3);
   EXPECT_EQ(c.train.lr, TrainConfig{}.lr);
   EXPECT_EQ(c.train.lr_schedule, "cosine");
+}
+
+TEST(ConfigDecode, PrecisionAndPeak) {
+  Config d = parse_config("", "p.yaml");
+  EXPECT_EQ(d.train.precision, "auto");
+  EXPECT_EQ(d.train.peak_tflops, 0.0);
+  // bf16 is refused only where the device is certainly the CPU.
+  for (const char* device : {"auto", "cuda"})
+    EXPECT_EQ(parse_config("", "p.yaml", {"train.precision=bf16", std::string("device=") + device})
+                  .train.precision,
+              "bf16");
+  for (const char* precision : {"auto", "fp32"})
+    EXPECT_EQ(parse_config("", "p.yaml", {std::string("train.precision=") + precision}).device,
+              "cpu");
+  EXPECT_EQ(parse_config("train: {peak_tflops: 989}\n", "p.yaml").train.peak_tflops, 989.0);
 }
 
 TEST(ConfigDecode, NullStringMeansEmpty) {

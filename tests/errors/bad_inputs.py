@@ -138,6 +138,8 @@ CASES = [
      TRAIN + ["--set", "data.source=text", "--set", "data.path=a.txt", "--set",
               "model.vocab_size=100"]),
     ("C22", [], TRAIN + ["--set", "data.path=train.bin"]),
+    ("C23", [], TRAIN + ["--set", "train.precision=bf16"]),
+    ("C24", [], TRAIN + ["--set", "train.peak_tflops=-1"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],
