@@ -3,6 +3,7 @@
 // tensor-parallel shard and pipeline stage draws exactly its slice of the same model.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/random.hpp"
 #include "model/gpt.hpp"
@@ -16,10 +17,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 void GptModel::init_parameters(uint64_t seed) {
-  params_.zero();
+  std::vector<float> host(layout_.total_floats(), 0.0f);  // built here, then uploaded
   const double residual_std = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
   for (const ParamEntry& e : layout_.entries()) {
-    float* p = params_.data() + e.offset;
+    float* p = host.data() + e.offset;
     if (ends_with(e.name, ".bias")) continue;  // biases 0
     if (e.name.find("ln_") != std::string::npos) {  // LayerNorm weight 1
       for (size_t i = 0; i < e.numel; ++i) p[i] = 1.0f;
@@ -33,6 +34,7 @@ void GptModel::init_parameters(uint64_t seed) {
         e, [&](int64_t i) { return float(stddev * standard_normal(hash_words(stream, uint64_t(i)))); },
         p);
   }
+  write_params(host.data());
 }
 
 }  // namespace pptrain

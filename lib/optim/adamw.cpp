@@ -4,79 +4,65 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.hpp"
 
 namespace pptrain {
 
-AdamW::AdamW(const ParamLayout& layout, const TrainConfig& train, std::size_t begin,
-             std::size_t end)
-    : layout_(layout),
+AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
+             std::size_t begin, std::size_t end)
+    : ops_(ops),
+      layout_(layout),
       beta1_(train.beta1),
       beta2_(train.beta2),
       eps_(train.eps),
       weight_decay_(train.weight_decay),
       begin_(std::min(begin, layout.total_floats())),
       end_(std::min(end, layout.total_floats())),
-      m_(end_ > begin_ ? end_ - begin_ : 0),
-      v_(end_ > begin_ ? end_ - begin_ : 0) {}
+      m_(ops, size() * sizeof(float)),
+      v_(ops, size() * sizeof(float)) {
+  m_.zero();
+  v_.zero();
+}
 
-void AdamW::step(float* params, const float* grads, float lr, float grad_scale, int64_t t) {
+void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
+                 float grad_scale, int64_t t) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
   // Bias corrections once per step, in double, then used as fp32 factors.
-  const float inv_bc1 = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
-  const float inv_bc2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
-  const float b1 = float(beta1_), b2 = float(beta2_);
-  const float one_minus_b1 = float(1.0 - beta1_), one_minus_b2 = float(1.0 - beta2_);
-  const float eps = float(eps_);
-
+  ops::AdamWStep h{};
+  h.lr = lr;
+  h.beta1 = float(beta1_);
+  h.beta2 = float(beta2_);
+  h.eps = float(eps_);
+  h.inv_bias_correction1 = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
+  h.inv_bias_correction2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
+  h.grad_scale = grad_scale;
+  const DType dt = ops_.compute_dtype();
   for (const ParamEntry& e : layout_.entries()) {
     // The part of the entry inside this optimizer's range.
     const std::size_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
     if (lo >= hi) continue;
-    const float wd = e.decay ? float(weight_decay_) : 0.0f;
-    float* p = params + lo;
-    const float* g_in = grads + lo;
-    float* m = m_.data() + (lo - begin_);
-    float* v = v_.data() + (lo - begin_);
-    for (std::size_t i = 0; i < hi - lo; ++i) {
-      const float g = g_in[i] * grad_scale;
-      m[i] = b1 * m[i] + one_minus_b1 * g;
-      v[i] = b2 * v[i] + one_minus_b2 * (g * g);
-      const float m_hat = m[i] * inv_bc1;
-      const float v_hat = v[i] * inv_bc2;
-      p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + wd * p[i]);
-    }
+    h.weight_decay = e.decay ? float(weight_decay_) : 0.0f;
+    ops_.adamw(params + lo, weights ? ops::advance(weights, lo, dt) : nullptr, grads + lo,
+               m_.f32() + (lo - begin_), v_.f32() + (lo - begin_), hi - lo, h);
   }
 }
 
-double grad_norm(const ParamLayout& layout, const float* grads) {
-  return std::sqrt(grad_square_sum(layout, grads, [](const ParamEntry&) { return true; }));
+double grad_norm(ops::Ops& ops, const ParamLayout& layout, const float* grads) {
+  return std::sqrt(grad_square_sum(ops, layout, grads, [](const ParamEntry&) { return true; }));
 }
 
-double grad_square_sum(const ParamLayout& layout, const float* grads,
+double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
                        const std::function<bool(const ParamEntry&)>& counted, std::size_t begin,
                        std::size_t end) {
-  // Eight interleaved partial sums per entry (a fixed pattern, so still deterministic)
-  // keep the fp64 adds from forming one long dependency chain.
-  constexpr std::size_t kLanes = 8;
-  double total = 0.0;
+  std::vector<ops::Span> spans;
   for (const ParamEntry& e : layout.entries()) {
     if (!counted(e)) continue;
     const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
-    if (lo >= hi) continue;
-    const float* g = grads + lo;
-    const std::size_t numel = hi - lo;
-    double part[kLanes] = {};
-    std::size_t i = 0;
-    for (; i + kLanes <= numel; i += kLanes)
-      for (std::size_t k = 0; k < kLanes; ++k) part[k] += double(g[i + k]) * double(g[i + k]);
-    for (std::size_t k = 0; i < numel; ++i, ++k) part[k] += double(g[i]) * double(g[i]);
-    double sum = 0.0;
-    for (double s : part) sum += s;
-    total += sum;
+    if (lo < hi) spans.push_back({grads + lo, hi - lo});
   }
-  return total;
+  return ops.sum_squares(spans);
 }
 
 float clip_scale(double norm, double grad_clip) {

@@ -1,13 +1,14 @@
 // AdamW over the flat parameter arena, plus global gradient-norm clipping helpers.
-// Moments are fp32 arenas laid out by the same ParamLayout as parameters and grads.
+// Moments are fp32 arenas laid out by the same ParamLayout as parameters and grads, in
+// the backend's memory; the arithmetic is the backend's (ops::Ops::adamw, sum_squares).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
 #include "config/config.hpp"
-#include "core/aligned_buffer.hpp"
 #include "model/param_layout.hpp"
+#include "ops/ops.hpp"
 
 namespace pptrain {
 
@@ -20,32 +21,35 @@ class AdamW {
  public:
   // Updates the arena elements in [begin, end) only (ZeRO-1: this rank's shard); the
   // default is the whole arena.
-  AdamW(const ParamLayout& layout, const TrainConfig& train, std::size_t begin = 0,
-        std::size_t end = SIZE_MAX);
+  AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
+        std::size_t begin = 0, std::size_t end = SIZE_MAX);
 
   // One update of every entry in range; params and grads are arenas of
-  // layout.total_floats() (only [begin, end) is read or written).
-  void step(float* params, const float* grads, float lr, float grad_scale, int64_t t);
+  // layout.total_floats() in backend memory (only [begin, end) is read or written).
+  // When `weights` is not null the updated elements are also written there in the
+  // backend's compute dtype (the model's weight copy).
+  void step(float* params, ops::Act* weights, const float* grads, float lr, float grad_scale,
+            int64_t t);
 
-  // First and second moments of elements [begin, end): arena element i is moment
-  // i - begin (zero at construction).
-  float* exp_avg() { return m_.data(); }
-  float* exp_avg_sq() { return v_.data(); }
-  const float* exp_avg() const { return m_.data(); }
-  const float* exp_avg_sq() const { return v_.data(); }
+  // First and second moments of elements [begin, end) in backend memory: arena element
+  // i is moment i - begin (zero at construction).
+  float* exp_avg() { return m_.f32(); }
+  float* exp_avg_sq() { return v_.f32(); }
+  std::size_t size() const { return end_ > begin_ ? end_ - begin_ : 0; }
 
  private:
+  ops::Ops& ops_;
   ParamLayout layout_;
   double beta1_, beta2_, eps_, weight_decay_;
   std::size_t begin_, end_;
-  AlignedBuffer<float> m_, v_;
+  ops::Buffer m_, v_;
 };
 
 // Global L2 norm of all gradient entries (fp64 accumulation, fixed order).
-double grad_norm(const ParamLayout& layout, const float* grads);
+double grad_norm(ops::Ops& ops, const ParamLayout& layout, const float* grads);
 // Sum of squares of the gradient entries for which `counted` is true (fp64, fixed order):
-// a rank's share of a global norm.
-double grad_square_sum(const ParamLayout& layout, const float* grads,
+// a rank's share of a global norm. grads is in backend memory.
+double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
                        const std::function<bool(const ParamEntry&)>& counted,
                        std::size_t begin = 0, std::size_t end = SIZE_MAX);
 

@@ -101,7 +101,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
                                            const std::function<void(int)>& chunk_done) {
   PipelineStats stats;
   const auto start = Clock::now();
-  const std::size_t act = size_t(model_.batch()) * model_.config().seq_len * model_.config().d_model;
+  const std::size_t act = model_.boundary_bytes();
   std::vector<int> weights_done(size_t(v_), 0);
   for (const Action& a : actions_) {
     const Key key{a.microbatch, a.chunk};
@@ -126,7 +126,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
       }
       case Op::SendForward: {
         const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        float* out = const_cast<float*>(model_.output(acquire(key)));
+        ops::Act* out = model_.output(acquire(key));
         sends_[key].push_back(world_.exchange_start(
             {{comm::Transfer::Send, peer, out, act, tag(a.microbatch, peer_chunk, false)}}));
         break;
@@ -143,7 +143,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
         break;
       case Op::SendBackward: {
         const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        float* grad = const_cast<float*>(model_.input_grad(acquire(key)));
+        ops::Act* grad = model_.input_grad(acquire(key));
         sends_[key].push_back(world_.exchange_start(
             {{comm::Transfer::Send, peer, grad, act, tag(a.microbatch, peer_chunk, true)}}));
         gradient_sent_.insert(key);
@@ -159,6 +159,9 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
         if (++weights_done[size_t(a.chunk)] == m_ && chunk_done) chunk_done(a.chunk);
         break;
     }
+    // A device backend queues its work: wait for it, so compute time is measured where
+    // it is spent (a no-op on the CPU).
+    if (compute) model_.backend().synchronize();
     const auto t1 = Clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count();
     (compute ? stats.compute_s : stats.wait_s) += s;
@@ -174,8 +177,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
 }
 
 double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out) {
-  const std::size_t act = size_t(model_.batch()) * model_.config().seq_len * model_.config().d_model;
-  const std::size_t positions = size_t(model_.batch()) * model_.config().seq_len;
+  const std::size_t act = model_.boundary_bytes();
   double loss_sum = 0;
   for (int mb = 0; mb < count; ++mb) {
     for (int c = 0; c < v_; ++c) {  // one micro-batch at a time, through every chunk in turn
@@ -190,12 +192,12 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
                                  targets_.data(), 0.0f);
       if (spec.last && losses_out) {
-        const float* l = model_.position_losses(acts);
-        losses_out->insert(losses_out->end(), l, l + positions);
+        const std::vector<float>& l = model_.position_losses(acts);
+        losses_out->insert(losses_out->end(), l.begin(), l.end());
       }
       if (!spec.last) {
         const int peer = peer_for(Op::SendForward, c, &peer_chunk);
-        world_.exchange({{comm::Transfer::Send, peer, const_cast<float*>(model_.output(acts)), act,
+        world_.exchange({{comm::Transfer::Send, peer, model_.output(acts), act,
                           tag(mb, peer_chunk, false)}});
       }
       release(key);

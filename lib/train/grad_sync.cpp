@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.hpp"
 
@@ -38,35 +37,38 @@ GradSync::GradSync(Session& s)
       end_(zero_ ? std::min(total_, begin_ + shard_) : total_),
       chunk_ranges_(chunk_ranges(s.model)) {
   if (zero_) {
-    padded_.resize(shard_ * size_t(s.grid.dp()));
-    shard_grads_.resize(shard_);
+    padded_ = ops::Buffer(*s.ops, shard_ * size_t(s.grid.dp()) * sizeof(float));
+    shard_grads_ = ops::Buffer(*s.ops, shard_ * sizeof(float));
   }
 }
 
 void GradSync::chunk_done(int chunk) {
   if (zero_ || s_.grid.dp() == 1) return;
   const auto [b, e] = chunk_ranges_[size_t(chunk)];
-  buckets_.push_back(s_.comms.dp->all_reduce_start(s_.model.grads() + b, e - b));
+  buckets_.push_back(s_.comms.dp_for_model()->all_reduce_start(s_.model.grads() + b, e - b));
 }
 
 double GradSync::finish() {
+  ops::Ops& ops = *s_.ops;
   float* grads = s_.model.grads();
   for (auto& b : buckets_) b->wait();  // before touching the embedding gradient below
   buckets_.clear();
-  if (s_.comms.embedding && s_.comms.embedding->size() > 1) {
+  comm::Group* embedding = s_.comms.embedding_for_model();
+  if (embedding && embedding->size() > 1) {
     const ParamEntry& wte = s_.model.layout().at("transformer.wte.weight");
-    s_.comms.embedding->all_reduce(grads + wte.offset, wte.numel, comm::ReduceOp::Sum);
+    embedding->all_reduce(grads + wte.offset, wte.numel, comm::ReduceOp::Sum);
   }
   if (zero_) {  // reduce-scatter: this rank ends with the summed gradients of its shard
-    std::copy(grads, grads + total_, padded_.begin());
-    std::fill(padded_.begin() + long(total_), padded_.end(), 0.0f);
-    s_.comms.dp->reduce_scatter(padded_.data(), shard_grads_.data(), shard_);
-    std::copy(shard_grads_.begin(), shard_grads_.begin() + long(end_ - begin_), grads + begin_);
+    float* padded = padded_.f32();
+    ops.copy(padded, grads, total_ * sizeof(float));
+    ops.fill_zero(padded + total_, (padded_.bytes() / sizeof(float) - total_) * sizeof(float));
+    s_.comms.dp_for_model()->reduce_scatter(padded, shard_grads_.f32(), shard_);
+    ops.copy(grads + begin_, shard_grads_.get(), (end_ - begin_) * sizeof(float));
   }
   // Each tensor counted once: tp-split shards all, replicated tensors on tp rank 0, the
   // tied copy never; under ZeRO each dp rank adds its shard.
   double sq = grad_square_sum(
-      s_.model.layout(), grads,
+      ops, s_.model.layout(), grads,
       [&](const ParamEntry& e) { return !e.tied_copy && (!e.replicated() || s_.coord.tp == 0); },
       begin_, end_);
   s_.comms.tp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
@@ -76,32 +78,44 @@ double GradSync::finish() {
 }
 
 void GradSync::all_gather_range(const float* shard, float* full) {
-  float* mine = padded_.data() + size_t(s_.coord.dp) * shard_;
-  std::fill(mine, mine + shard_, 0.0f);
-  std::copy(shard, shard + (end_ - begin_), mine);
-  s_.comms.dp->all_gather(mine, padded_.data(), shard_);
-  std::copy(padded_.begin(), padded_.begin() + long(total_), full);
+  ops::Ops& ops = *s_.ops;
+  float* mine = padded_.f32() + size_t(s_.coord.dp) * shard_;
+  ops.fill_zero(mine, shard_ * sizeof(float));
+  ops.copy(mine, shard, (end_ - begin_) * sizeof(float));
+  s_.comms.dp_for_model()->all_gather(mine, padded_.f32(), shard_);
+  ops.copy(full, padded_.get(), total_ * sizeof(float));
 }
 
-void GradSync::share_parameters() {
-  if (!zero_) return;
-  float* params = s_.model.params();
-  all_gather_range(params + begin_, params);
-}
-
-void GradSync::full_moments(const AdamW& opt, float* m, float* v) {
-  if (!zero_) {
-    std::memcpy(m, opt.exp_avg(), total_ * sizeof(float));
-    std::memcpy(v, opt.exp_avg_sq(), total_ * sizeof(float));
+void GradSync::update(AdamW& opt, float lr, float grad_scale, int64_t t) {
+  GptModel& model = s_.model;
+  if (!zero_) {  // the update writes the weight copy too
+    opt.step(model.params(), model.has_weight_copy() ? model.weights() : nullptr, model.grads(),
+             lr, grad_scale, t);
     return;
   }
-  all_gather_range(opt.exp_avg(), m);
-  all_gather_range(opt.exp_avg_sq(), v);
+  opt.step(model.params(), nullptr, model.grads(), lr, grad_scale, t);
+  float* params = model.params();
+  all_gather_range(params + begin_, params);
+  model.refresh_weights();
+}
+
+void GradSync::full_moments(AdamW& opt, float* m, float* v) {
+  ops::Ops& ops = *s_.ops;
+  if (!zero_) {
+    ops.download(m, opt.exp_avg(), total_ * sizeof(float));
+    ops.download(v, opt.exp_avg_sq(), total_ * sizeof(float));
+    return;
+  }
+  ops::Buffer full(ops, total_ * sizeof(float));
+  all_gather_range(opt.exp_avg(), full.f32());
+  ops.download(m, full.get(), full.bytes());
+  all_gather_range(opt.exp_avg_sq(), full.f32());
+  ops.download(v, full.get(), full.bytes());
 }
 
 void GradSync::load_moments(const float* m, const float* v, AdamW& opt) {
-  std::copy(m + begin_, m + end_, opt.exp_avg());
-  std::copy(v + begin_, v + end_, opt.exp_avg_sq());
+  s_.ops->upload(opt.exp_avg(), m + begin_, (end_ - begin_) * sizeof(float));
+  s_.ops->upload(opt.exp_avg_sq(), v + begin_, (end_ - begin_) * sizeof(float));
 }
 
 }  // namespace pptrain

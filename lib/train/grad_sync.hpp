@@ -3,7 +3,8 @@
 // weight-gradient pass is done (overlapping the rest of the schedule); with
 // parallel.zero: 1 the gradients are reduce-scattered instead, each dp rank updates its
 // shard of the arena, and the parameters are all-gathered back. The tied embedding's
-// two copies (first and last pipeline stage) have their gradients summed.
+// two copies (first and last pipeline stage) have their gradients summed. Arrays stay in
+// the backend's memory; the communicators are the ones for the model's arrays.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -27,15 +28,17 @@ class GradSync {
   void chunk_done(int chunk);  // the chunk's gradients are final
   // Completes every reduction; returns the global gradient norm.
   double finish();
-  // After the optimizer step: all-gathers the updated shards (ZeRO only).
-  void share_parameters();
+  // The optimizer step over this rank's range, then (ZeRO) the all-gather of the
+  // updated shards; the model's weight copy is refreshed either way.
+  void update(AdamW& opt, float lr, float grad_scale, int64_t t);
 
-  // Whole-arena moments for a checkpoint (all-gathered over dp under ZeRO).
-  void full_moments(const AdamW& opt, float* m, float* v);
-  // Puts whole-arena moments loaded from a checkpoint into the optimizer's range.
+  // Whole-arena moments for a checkpoint, in host memory (all-gathered over dp under ZeRO).
+  void full_moments(AdamW& opt, float* m, float* v);
+  // Puts whole-arena moments loaded from a checkpoint (host memory) into the optimizer's range.
   void load_moments(const float* m, const float* v, AdamW& opt);
 
  private:
+  // full (backend memory, total_ floats) = every dp rank's shard.
   void all_gather_range(const float* shard, float* full);
 
   Session& s_;
@@ -43,7 +46,7 @@ class GradSync {
   std::size_t total_, shard_, begin_, end_;
   std::vector<std::pair<std::size_t, std::size_t>> chunk_ranges_;
   std::vector<std::unique_ptr<comm::PendingOp>> buckets_;
-  std::vector<float> padded_, shard_grads_;
+  ops::Buffer padded_, shard_grads_;  // ZeRO only: shard_ * dp and shard_ floats
 };
 
 }  // namespace pptrain

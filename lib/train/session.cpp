@@ -3,18 +3,27 @@
 #include <algorithm>
 
 #include "checkpoint/checkpoint.hpp"
+#include "comm/launcher.hpp"
+#include "comm/nccl_comm.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace pptrain {
 
-std::unique_ptr<ops::Ops> make_backend(const Config& config) {
-  if (config.device == "cuda")
+std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
+  const std::string& device = config.device;
+  const int gpus = ops::cuda_device_count();
+  const bool cuda = device == "cuda" || (device == "auto" && gpus > 0);
+  if (!cuda) return ops::make_cpu_ops(config.train.threads);
+  if (!ops::cuda_backend_built())
     throw InputError(config.source_path +
                      ": device: cuda is not available in this build (CPU backend only); use "
                      "device: cpu or auto");
-  return ops::make_cpu_ops(config.train.threads);
+  if (gpus == 0)
+    throw InputError(config.source_path + ": device: cuda, but no CUDA device is visible");
+  const DType dtype = config.train.precision == "fp32" ? DType::F32 : DType::BF16;
+  return ops::make_cuda_ops(local_rank % gpus, dtype);
 }
 
 void check_schedule(const Config& c) {
@@ -30,6 +39,16 @@ comm::Comms make_comms(const Config& c, const RankGrid& grid) {
   if (grid.world_size() == 1) return comm::make_local_comms();
   return comm::make_mpi_comms(grid, c.parallel.comm_timeout_s);
 }
+
+// The backend on this rank's device; a multi-rank run on GPUs also gets its NCCL
+// communicators here (they need the device chosen first).
+std::unique_ptr<ops::Ops> make_rank_backend(const Config& c, const RankGrid& grid,
+                                            comm::Comms& comms) {
+  auto ops = make_backend(c, comm::detect_launcher().local_rank);
+  if (ops->device_memory() && grid.world_size() > 1)
+    comm::add_nccl_comms(comms, grid, ops->native_stream());
+  return ops;
+}
 }  // namespace
 
 Session::Session(const Config& config)
@@ -38,12 +57,12 @@ Session::Session(const Config& config)
       comms(make_comms(config, grid)),
       rank(comms.world->rank()),
       coord(grid.coord(rank)),
-      ops(make_backend(config)),
+      ops(make_rank_backend(config, grid, comms)),
       model(config.model, config.parallel.micro_batch_size, *ops,
             pipeline_partition(config.model, grid.pp(), coord.pp, config.parallel.virtual_stages,
                                grid.tp(), coord.tp, config.parallel.layers_per_stage),
-            comms.tp.get()),
-      executor(model, *comms.world, grid.pp_group(rank), parse_schedule(config.parallel.schedule),
+            comms.tp_for_model()),
+      executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages) {}
 
 // A checkpoint of another model shape whose tensors happen to fit (n_head changes no

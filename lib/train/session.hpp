@@ -16,9 +16,10 @@
 
 namespace pptrain {
 
-// The backend for config.device ("cpu", or "auto" without CUDA). InputError for
-// "cuda" while this build has no CUDA backend.
-std::unique_ptr<ops::Ops> make_backend(const Config& config);
+// The backend for config.device: "cpu"; "cuda" (InputError when this build has no CUDA
+// backend or no device is visible) on device local_rank modulo the device count, in
+// train.precision; "auto": CUDA when a device is visible, else the CPU.
+std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank = 0);
 
 // InputError when the schedule cannot run this layout (checked before any rank starts).
 void check_schedule(const Config& config);

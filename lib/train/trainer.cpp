@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 #include "optim/adamw.hpp"
@@ -76,10 +77,9 @@ void make_checkpoint_dir(const std::string& dir) {
 
 // True when every parameter of every rank is finite.
 bool parameters_finite(Session& s) {
-  const float* p = s.model.params();
-  double bad = 0;
-  for (size_t i = 0; i < s.model.layout().total_floats() && bad == 0; ++i)
-    if (!std::isfinite(p[i])) bad = 1;
+  // A sum of fp32 squares in fp64 cannot overflow: it is finite iff every element is.
+  const double sq = s.ops->sum_squares({{s.model.params(), s.model.layout().total_floats()}});
+  double bad = std::isfinite(sq) ? 0 : 1;
   s.comms.all->all_reduce(&bad, 1, comm::ReduceOp::Max);
   return bad == 0;
 }
@@ -93,7 +93,7 @@ TrainResult train_rank(Session& s) {
   TrainData data = TrainData::open(cfg.data, cfg.model, cfg.train.seed);
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
   GradSync sync(s);
-  AdamW opt(model.layout(), cfg.train, sync.begin(), sync.end());
+  AdamW opt(*s.ops, model.layout(), cfg.train, sync.begin(), sync.end());
   const size_t arena = model.layout().total_floats();
 
   TrainResult result;
@@ -177,8 +177,7 @@ TrainResult train_rank(Session& s) {
     // loss and norm are the same on every rank, so every rank decides alike.
     if (std::isfinite(loss) && std::isfinite(norm)) {
       nonfinite_in_a_row = 0;
-      opt.step(model.params(), model.grads(), float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
-      sync.share_parameters();
+      sync.update(opt, float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
     } else {
       const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                                ", grad norm " + std::to_string(norm) + " is not finite";

@@ -58,15 +58,15 @@ TEST(LocalComms, ExchangeWithItselfMatchesByTag) {
   Comms c = make_local_comms();
   std::vector<float> a = {1, 2}, b = {3, 4, 5}, ra(2), rb(3);
   // Receives listed before the sends, and in the opposite tag order.
-  c.world->exchange({{Transfer::Recv, 0, rb.data(), 3, 8},
-                     {Transfer::Recv, 0, ra.data(), 2, 7},
-                     {Transfer::Send, 0, a.data(), 2, 7},
-                     {Transfer::Send, 0, b.data(), 3, 8}});
+  c.world->exchange({{Transfer::Recv, 0, rb.data(), 3 * sizeof(float), 8},
+                     {Transfer::Recv, 0, ra.data(), 2 * sizeof(float), 7},
+                     {Transfer::Send, 0, a.data(), 2 * sizeof(float), 7},
+                     {Transfer::Send, 0, b.data(), 3 * sizeof(float), 8}});
   EXPECT_EQ(ra, a);
   EXPECT_EQ(rb, b);
   std::fill(ra.begin(), ra.end(), 0.0f);
   auto op = c.world->exchange_start(
-      {{Transfer::Send, 0, a.data(), 2, 1}, {Transfer::Recv, 0, ra.data(), 2, 1}});
+      {{Transfer::Send, 0, a.data(), 2 * sizeof(float), 1}, {Transfer::Recv, 0, ra.data(), 2 * sizeof(float), 1}});
   op->wait();
   EXPECT_EQ(ra, a);
 }
@@ -74,14 +74,14 @@ TEST(LocalComms, ExchangeWithItselfMatchesByTag) {
 TEST(LocalComms, UnmatchedOrForeignTransfersAreErrors) {
   Comms c = make_local_comms();
   std::vector<float> a(2), r(2);
-  EXPECT_THROW(c.world->exchange({{Transfer::Send, 1, a.data(), 2, 0}}), std::logic_error);
-  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 2, 0}}), std::logic_error);
-  EXPECT_THROW(c.world->exchange({{Transfer::Recv, 0, r.data(), 2, 0}}), std::logic_error);
-  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 2, 0},
-                                  {Transfer::Recv, 0, r.data(), 2, 1}}),
+  EXPECT_THROW(c.world->exchange({{Transfer::Send, 1, a.data(), 2 * sizeof(float), 0}}), std::logic_error);
+  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 2 * sizeof(float), 0}}), std::logic_error);
+  EXPECT_THROW(c.world->exchange({{Transfer::Recv, 0, r.data(), 2 * sizeof(float), 0}}), std::logic_error);
+  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 2 * sizeof(float), 0},
+                                  {Transfer::Recv, 0, r.data(), 2 * sizeof(float), 1}}),
                std::logic_error);
-  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 1, 0},
-                                  {Transfer::Recv, 0, r.data(), 2, 0}}),
+  EXPECT_THROW(c.world->exchange({{Transfer::Send, 0, a.data(), 1 * sizeof(float), 0},
+                                  {Transfer::Recv, 0, r.data(), 2 * sizeof(float), 0}}),
                std::logic_error);
 }
 

@@ -220,10 +220,10 @@ TEST(MpiComms, PipelineNeighboursExchangeBothWays) {
     std::vector<float> fwd(n, r + 0.5f), bwd(n, -r - 0.5f), from_prev(n), from_next(n);
     for (int round = 0; round < 2; ++round) {
       std::vector<Transfer> batch;
-      if (next >= 0) batch.push_back({Transfer::Send, next, fwd.data(), n, 1});
-      if (prev >= 0) batch.push_back({Transfer::Send, prev, bwd.data(), n, 2});
-      if (prev >= 0) batch.push_back({Transfer::Recv, prev, from_prev.data(), n, 1});
-      if (next >= 0) batch.push_back({Transfer::Recv, next, from_next.data(), n, 2});
+      if (next >= 0) batch.push_back({Transfer::Send, next, fwd.data(), n * sizeof(float), 1});
+      if (prev >= 0) batch.push_back({Transfer::Send, prev, bwd.data(), n * sizeof(float), 2});
+      if (prev >= 0) batch.push_back({Transfer::Recv, prev, from_prev.data(), n * sizeof(float), 1});
+      if (next >= 0) batch.push_back({Transfer::Recv, next, from_next.data(), n * sizeof(float), 2});
       if (round == 0) c.world->exchange(batch);
       else c.world->exchange_start(batch)->wait();
       if (prev >= 0) {
@@ -246,21 +246,21 @@ TEST(MpiComms, ExchangeMatchesByTag) {
   const int peer = 1 - r;
   std::vector<float> a(4, r + 1.0f), b(2, r + 10.0f), ra(4), rb(2);
   // Rank 0 posts its receives in the opposite order to rank 1's sends.
-  std::vector<Transfer> batch = {{Transfer::Send, peer, a.data(), 4, 5},
-                                 {Transfer::Send, peer, b.data(), 2, 6}};
+  std::vector<Transfer> batch = {{Transfer::Send, peer, a.data(), 4 * sizeof(float), 5},
+                                 {Transfer::Send, peer, b.data(), 2 * sizeof(float), 6}};
   if (r == 0) {
-    batch.push_back({Transfer::Recv, peer, rb.data(), 2, 6});
-    batch.push_back({Transfer::Recv, peer, ra.data(), 4, 5});
+    batch.push_back({Transfer::Recv, peer, rb.data(), 2 * sizeof(float), 6});
+    batch.push_back({Transfer::Recv, peer, ra.data(), 4 * sizeof(float), 5});
   } else {
-    batch.push_back({Transfer::Recv, peer, ra.data(), 4, 5});
-    batch.push_back({Transfer::Recv, peer, rb.data(), 2, 6});
+    batch.push_back({Transfer::Recv, peer, ra.data(), 4 * sizeof(float), 5});
+    batch.push_back({Transfer::Recv, peer, rb.data(), 2 * sizeof(float), 6});
   }
   c.world->exchange(batch);
   EXPECT_EQ(ra[3], peer + 1.0f);
   EXPECT_EQ(rb[1], peer + 10.0f);
   EXPECT_THROW(c.world->exchange({{Transfer::Send, world_size(), a.data(), 4, 0}}),
                std::logic_error);
-  EXPECT_THROW(c.world->exchange({{Transfer::Send, peer, a.data(), 4, -1}}), std::logic_error);
+  EXPECT_THROW(c.world->exchange({{Transfer::Send, peer, a.data(), 4 * sizeof(float), -1}}), std::logic_error);
 }
 
 TEST(MpiComms, WrongSizeOrDisagreeingGridsAreInputErrors) {

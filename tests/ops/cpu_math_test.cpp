@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/ops.hpp"
+#include "ops/cpu/cpu_ops.hpp"
 #include "ops_test_util.hpp"
 
 namespace pptrain::ops {
@@ -45,7 +45,7 @@ TEST(CpuMath, RowReductionsMatchPlainLoops) {
 }
 
 TEST(CpuMath, NaNLogitsGiveNaNLoss) {
-  auto ops = make_cpu_ops(1);
+  auto ops = std::make_unique<CpuOps>(1);
   std::vector<float> logits = {0.5f, std::numeric_limits<float>::quiet_NaN(), 1.0f, 0.0f};
   const int32_t target = 0;
   float loss = 0.0f;
@@ -54,7 +54,7 @@ TEST(CpuMath, NaNLogitsGiveNaNLoss) {
 }
 
 TEST(CpuMath, NaNScoresGiveNaNAttention) {
-  auto ops = make_cpu_ops(1);
+  auto ops = std::make_unique<CpuOps>(1);
   const int T = 3, C = 4;
   std::vector<float> qkv = testing::randn(T * 3 * C, 300), out(T * C), att(T * T);
   qkv[2 * 3 * C + C] = std::numeric_limits<float>::quiet_NaN();  // k of token 2

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops/ops.hpp"
+#include "ops/cpu/cpu_ops.hpp"
 #include "ops_test_util.hpp"
 
 namespace pptrain::ops {
@@ -21,7 +21,7 @@ using testing::some_indices;
 
 class OpsGradTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<CpuOps> ops = std::make_unique<CpuOps>(1);
 };
 
 void expect_ok(const GradReport& r, const char* what) {

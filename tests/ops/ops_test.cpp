@@ -1,6 +1,6 @@
 // Forward results and call semantics of the CPU backend: GEMM against a naive loop,
 // reference values, accumulate-vs-overwrite, aliasing, causality and determinism.
-#include "ops/ops.hpp"
+#include "ops/cpu/cpu_ops.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@ using testing::randn;
 
 class OpsTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Ops> ops = make_cpu_ops(1);
+  std::unique_ptr<CpuOps> ops = std::make_unique<CpuOps>(1);
 };
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -231,7 +231,7 @@ TEST_F(OpsTest, AddAliasesAndAccumulateAccumulates) {
 
 // Same inputs, same bits, every call (here with two GEMM threads).
 TEST(OpsDeterminism, RepeatedCallsAreBitIdentical) {
-  auto ops = make_cpu_ops(2);
+  auto ops = std::make_unique<CpuOps>(2);
   const int B = 2, T = 70, C = 32, NH = 4, V = 50, Vp = 64;
   const std::vector<float> qkv = randn(B * T * 3 * C, 30), dout = randn(B * T * C, 31);
   const std::vector<float> logits = randn(B * T * Vp, 32);

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/ops.hpp"
+#include "ops/cpu/cpu_ops.hpp"
 #include "ops_test_util.hpp"
 
 namespace pptrain::ops {
@@ -15,7 +15,7 @@ namespace {
 using testing::randn;
 
 TEST(VocabParallel, CrossEntropyShardsMatchFusedLoss) {
-  auto ops = make_cpu_ops(1);
+  auto ops = std::make_unique<CpuOps>(1);
   const int N = 6, V = 37, Vp = 64;  // padding inside the last shard
   for (int shards : {1, 2, 4}) {
     const int Vl = Vp / shards;
@@ -54,7 +54,7 @@ TEST(VocabParallel, CrossEntropyShardsMatchFusedLoss) {
 }
 
 TEST(VocabParallel, EmbeddingShardsSumToFullLookup) {
-  auto ops = make_cpu_ops(1);
+  auto ops = std::make_unique<CpuOps>(1);
   const int B = 2, T = 3, C = 4, V = 8;
   const std::vector<int32_t> tokens = {7, 0, 3, 4, 4, 1};
   const std::vector<float> wte = randn(size_t(V) * C, 8), wpe = randn(size_t(T) * C, 9);

@@ -5,15 +5,23 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "core/error.hpp"
 #include "model/param_layout.hpp"
 #include "optim/adamw.hpp"
+#include "ops/ops.hpp"
 #include "optim/lr_schedule.hpp"
 
 namespace pptrain {
 namespace {
+
+// The CPU backend: its memory is host memory, so the arrays below are plain vectors.
+ops::Ops& cpu() {
+  static const std::unique_ptr<ops::Ops> backend = ops::make_cpu_ops(1);
+  return *backend;
+}
 
 // A weight (decayed) and a bias (not decayed); the bias starts after an alignment gap.
 ParamLayout tiny_layout() {
@@ -70,7 +78,7 @@ TEST(AdamW, MatchesDoubleReferenceOverThreeSteps) {
       wd.push_back(e.decay ? train.weight_decay : 0.0);
     }
 
-  AdamW opt(layout, train);
+  AdamW opt(cpu(), layout, train);
   const float lrs[3] = {1e-2f, 5e-3f, 2e-2f};
   const float scales[3] = {0.5f, 2.0f, 0.25f};
   for (int t = 1; t <= 3; ++t) {
@@ -79,7 +87,7 @@ TEST(AdamW, MatchesDoubleReferenceOverThreeSteps) {
       grads[index[j]] = float(((j * 7 + size_t(t) * 3) % 11) - 5) * 0.1f + 0.03f * float(t);
       ref[j].step(grads[index[j]], scales[t - 1], lrs[t - 1], wd[j], train, t);
     }
-    opt.step(params.data(), grads.data(), lrs[t - 1], scales[t - 1], t);
+    opt.step(params.data(), nullptr, grads.data(), lrs[t - 1], scales[t - 1], t);
   }
   for (size_t j = 0; j < index.size(); ++j) {
     expect_rel_near(params[index[j]], ref[j].p, 1e-6, "param", j);
@@ -94,11 +102,11 @@ TEST(AdamW, FirstStepIsLrTimesSignOfGradient) {
   ParamLayout layout;
   layout.add("bias", {4}, false);
   TrainConfig train = adam_config();
-  AdamW opt(layout, train);
+  AdamW opt(cpu(), layout, train);
   std::vector<float> params = {1.0f, -2.0f, 0.0f, 3.0f};
   const std::vector<float> grads = {0.3f, -0.02f, 5.0f, -1e-3f};
   const float lr = 0.01f;
-  opt.step(params.data(), grads.data(), lr, 3.0f, 1);
+  opt.step(params.data(), nullptr, grads.data(), lr, 3.0f, 1);
   EXPECT_NEAR(params[0], 1.0f - lr, 1e-7);
   EXPECT_NEAR(params[1], -2.0f + lr, 1e-7);
   EXPECT_NEAR(params[2], 0.0f - lr, 1e-7);
@@ -109,9 +117,9 @@ TEST(AdamW, WeightDecayOnlyOnDecayEntries) {
   // A zero gradient leaves only the decay term: p -= lr * wd * p for decay entries.
   const ParamLayout layout = tiny_layout();
   const TrainConfig train = adam_config();
-  AdamW opt(layout, train);
+  AdamW opt(cpu(), layout, train);
   std::vector<float> params(layout.total_floats(), 2.0f), grads(layout.total_floats(), 0.0f);
-  opt.step(params.data(), grads.data(), 0.5f, 1.0f, 1);
+  opt.step(params.data(), nullptr, grads.data(), 0.5f, 1.0f, 1);
   const ParamEntry& w = layout.at("w");
   const ParamEntry& b = layout.at("b");
   for (size_t i = 0; i < w.numel; ++i) EXPECT_FLOAT_EQ(params[w.offset + i], 2.0f * 0.95f);
@@ -120,7 +128,7 @@ TEST(AdamW, WeightDecayOnlyOnDecayEntries) {
 
 TEST(AdamW, AlignmentGapsUntouched) {
   const ParamLayout layout = tiny_layout();
-  AdamW opt(layout, adam_config());
+  AdamW opt(cpu(), layout, adam_config());
   const size_t n = layout.total_floats();
   const float sentinel = 123.25f;
   std::vector<float> params(n, sentinel);
@@ -132,7 +140,7 @@ TEST(AdamW, AlignmentGapsUntouched) {
       in_entry[e.offset + i] = true;
       grads[e.offset + i] = 0.1f;
     }
-  for (int t = 1; t <= 2; ++t) opt.step(params.data(), grads.data(), 1e-2f, 1.0f, t);
+  for (int t = 1; t <= 2; ++t) opt.step(params.data(), nullptr, grads.data(), 1e-2f, 1.0f, t);
   size_t gaps = 0;
   for (size_t k = 0; k < n; ++k) {
     if (in_entry[k]) {
@@ -149,9 +157,9 @@ TEST(AdamW, AlignmentGapsUntouched) {
 
 TEST(AdamW, RejectsZeroUpdateCount) {
   const ParamLayout layout = tiny_layout();
-  AdamW opt(layout, adam_config());
+  AdamW opt(cpu(), layout, adam_config());
   std::vector<float> params(layout.total_floats()), grads(layout.total_floats());
-  EXPECT_THROW(opt.step(params.data(), grads.data(), 1e-3f, 1.0f, 0), std::logic_error);
+  EXPECT_THROW(opt.step(params.data(), nullptr, grads.data(), 1e-3f, 1.0f, 0), std::logic_error);
 }
 
 TrainConfig schedule_config(const char* kind) {
@@ -235,7 +243,7 @@ TEST(GradNorm, MatchesHandSumAndIgnoresGaps) {
   const float bv[3] = {0, 12, 0};
   for (size_t i = 0; i < 6; ++i) grads[w.offset + i] = wv[i];
   for (size_t i = 0; i < 3; ++i) grads[b.offset + i] = bv[i];
-  EXPECT_DOUBLE_EQ(grad_norm(layout, grads.data()), 13.0);  // sqrt(9 + 16 + 144)
+  EXPECT_DOUBLE_EQ(grad_norm(cpu(), layout, grads.data()), 13.0);  // sqrt(9 + 16 + 144)
 }
 
 TEST(GradNorm, MatchesPlainSumOnOddSizes) {
@@ -251,7 +259,7 @@ TEST(GradNorm, MatchesPlainSumOnOddSizes) {
       grads[e.offset + i] = g;
       sum += double(g) * double(g);
     }
-  EXPECT_NEAR(grad_norm(layout, grads.data()), std::sqrt(sum), 1e-15);
+  EXPECT_NEAR(grad_norm(cpu(), layout, grads.data()), std::sqrt(sum), 1e-15);
 }
 
 TEST(ClipScale, Cases) {

@@ -2,13 +2,21 @@
 // as one AdamW over the whole arena, and shard norms must add up to the whole norm.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "core/random.hpp"
 #include "optim/adamw.hpp"
+#include "ops/ops.hpp"
 
 namespace pptrain {
 namespace {
+
+// The CPU backend: its memory is host memory, so the arrays below are plain vectors.
+ops::Ops& cpu() {
+  static const std::unique_ptr<ops::Ops> backend = ops::make_cpu_ops(1);
+  return *backend;
+}
 
 TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
   ModelConfig m;
@@ -26,20 +34,20 @@ TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
     p_whole[i] = p_shard[i] = float(standard_normal(hash_words(1, i)));
     g[i] = float(standard_normal(hash_words(2, i)));
   }
-  AdamW whole(layout, t);
+  AdamW whole(cpu(), layout, t);
   const size_t cut = n / 3 + 5;  // a cut inside a tensor
-  AdamW first(layout, t, 0, cut), second(layout, t, cut, n);
+  AdamW first(cpu(), layout, t, 0, cut), second(cpu(), layout, t, cut, n);
   for (int step = 1; step <= 3; ++step) {
-    whole.step(p_whole.data(), g.data(), 1e-2f, 0.5f, step);
-    first.step(p_shard.data(), g.data(), 1e-2f, 0.5f, step);
-    second.step(p_shard.data(), g.data(), 1e-2f, 0.5f, step);
+    whole.step(p_whole.data(), nullptr, g.data(), 1e-2f, 0.5f, step);
+    first.step(p_shard.data(), nullptr, g.data(), 1e-2f, 0.5f, step);
+    second.step(p_shard.data(), nullptr, g.data(), 1e-2f, 0.5f, step);
   }
   EXPECT_EQ(p_whole, p_shard);
   EXPECT_EQ(whole.exp_avg()[cut + 3], second.exp_avg()[3]);
   const auto all = [](const ParamEntry&) { return true; };
-  const double parts = grad_square_sum(layout, g.data(), all, 0, cut) +
-                       grad_square_sum(layout, g.data(), all, cut, n);
-  EXPECT_NEAR(parts, grad_square_sum(layout, g.data(), all), 1e-9 * parts);
+  const double parts = grad_square_sum(cpu(), layout, g.data(), all, 0, cut) +
+                       grad_square_sum(cpu(), layout, g.data(), all, cut, n);
+  EXPECT_NEAR(parts, grad_square_sum(cpu(), layout, g.data(), all), 1e-9 * parts);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 
 namespace pptrain::ops {
 
-CpuOps::CpuOps(int threads) {
+CpuOps::CpuOps(int threads) : threads_(threads) {
   if (threads > 0) openblas_set_num_threads(threads);
 }
 

@@ -1,11 +1,12 @@
-// The fp32 CPU backend's class. Private to lib/ops: the rest of the code base sees
-// only pptrain::ops::Ops and make_cpu_ops. The op bodies are spread over
+// The fp32 CPU backend's class. The rest of the code base sees only pptrain::ops::Ops
+// and make_cpu_ops; tests use the fp32-array overloads directly. The op bodies are spread over
 // cpu_ops.cpp (GEMM, bias, embedding, elementwise), cpu_norm.cpp (LayerNorm, GELU),
 // cpu_loss.cpp (cross-entropy) and cpu_attention.cpp.
 // An object keeps scratch buffers between calls, so it must not be shared by
 // threads that call it concurrently; results never depend on the scratch contents.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "ops/ops.hpp"
@@ -16,43 +17,89 @@ class CpuOps final : public Ops {
  public:
   explicit CpuOps(int threads);
 
-  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-            const float* B, float beta, float* C) override;
-  void add_bias(float* out, const float* bias, int N, int C) override;
-  void bias_backward(float* dbias, const float* dout, int N, int C) override;
+  // ---- ops::Ops: memory is host memory, Act arrays are fp32 (cpu_backend.cpp) ----
+  std::string name() const override;
+  DType compute_dtype() const override { return DType::F32; }
+  bool device_memory() const override { return false; }
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  void upload(void* dst, const void* host_src, std::size_t bytes) override;
+  void download(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void fill_zero(void* dst, std::size_t bytes) override;
+  void synchronize() override {}
+  void to_compute(Act* dst, const float* src, std::size_t n) override;
+  void to_float(float* dst, const Act* src, std::size_t n) override;
+  double sum_squares(const std::vector<Span>& spans) override;
+  void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
+             const AdamWStep& h) override;
 
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int N, int C) override;
-  void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
+            const Act* B, float beta, Act* C) override;
+  void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
+                          int Cout) override;
+  void add_bias(Act* out, const Act* bias, int N, int C) override;
+  void bias_backward(float* dbias, const Act* dout, int N, int C) override;
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
+                         const Act* b, int N, int C) override;
+  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
                                 const float* mean, const float* rstd, int N, int C) override;
-  void layernorm_backward_weight(float* dw, float* db, const float* dout, const float* inp,
+  void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                  const float* mean, const float* rstd, int N, int C) override;
-
-  void gelu_forward(float* out, const float* inp, std::size_t n) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) override;
-
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  void gelu_forward(Act* out, const Act* inp, std::size_t n) override;
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
+  std::size_t attention_state_bytes(int B, int T, int NH) const override;
+  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                          int NH) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state, int B,
                           int T, int C, int NH) override;
-
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
-                         int vocab_rows, const float* wpe, int B, int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+  void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
+                         int vocab_rows, const Act* wpe, int B, int T, int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
                           int vocab_begin, int vocab_rows, int B, int T, int C) override;
-
-  void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+  void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets,
                      int N, int V, int Vp, float dloss) override;
-  void ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin,
+  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin,
                   int V) override;
-  void ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+  void ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
                        const int32_t* targets, int N, int Vl, int col_begin, int V) override;
-  void ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+  void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
                  const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
                  float dloss) override;
-
-  void add(float* out, const float* a, const float* b, std::size_t n) override;
+  void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
   void accumulate(float* dst, const float* src, std::size_t n) override;
+
+  // ---- The same ops on plain fp32 arrays: the reference the tests and the CUDA
+  // backend's tests call directly (cpu_ops.cpp, cpu_norm.cpp, cpu_loss.cpp,
+  // cpu_attention.cpp). attention's `att` is the [B,NH,T,T] probabilities. ----
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+            const float* B, float beta, float* C);
+  void add_bias(float* out, const float* bias, int N, int C);
+  void bias_backward(float* dbias, const float* dout, int N, int C);
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C);
+  void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
+                                const float* mean, const float* rstd, int N, int C);
+  void layernorm_backward_weight(float* dw, float* db, const float* dout, const float* inp,
+                                 const float* mean, const float* rstd, int N, int C);
+  void gelu_forward(float* out, const float* inp, std::size_t n);
+  void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                          int B, int T, int C, int NH);
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
+                         int vocab_rows, const float* wpe, int B, int T, int C);
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int vocab_begin, int vocab_rows, int B, int T, int C);
+  void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                     int N, int V, int Vp, float dloss);
+  void ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin, int V);
+  void ce_partial_sums(float* stats, const float* logits, const float* rowmax,
+                       const int32_t* targets, int N, int Vl, int col_begin, int V);
+  void ce_finish(float* losses, float* dlogits, const float* logits, const float* rowmax,
+                 const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
+                 float dloss);
+  void add(float* out, const float* a, const float* b, std::size_t n);
 
  private:
   // Grow-only scratch: a float [T,T] tile for attention backward and double
@@ -62,6 +109,7 @@ class CpuOps final : public Ops {
 
   std::vector<float> fscratch_;
   std::vector<double> dscratch_;
+  int threads_;
 };
 
 // Rows per block in the causal attention GEMMs: a row block only meets the key
