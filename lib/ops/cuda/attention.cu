@@ -1,1 +1,243 @@
-// placeholder: being written
+// The attention pieces around the batched GEMMs: the head permutations between
+// qkv[B,T,3,NH,hs] / out[B,T,NH,hs] and the head-major [B,NH,T,hs] arrays, and the
+// in-place causal softmax over rows of att[BH,T,T] (forward on scale * scores, and
+// its backward), one warp per row in fp32, zeros above the diagonal.
+#include <cmath>
+
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/kernels.hpp"
+
+namespace pptrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;
+
+// Element e of the interleaved layout [B,T,G,NH,hs] is element `off` of head-major
+// array g ([B,NH,T,hs]). Every index fits in int (checked by the launchers).
+struct HeadPos {
+  int g, off;
+};
+__device__ __forceinline__ HeadPos head_pos(int e, int G, int NH, int T_, int hs) {
+  const int d = e % hs;
+  int r = e / hs;
+  const int h = r % NH;
+  r /= NH;
+  const int g = r % G;
+  const int bt = r / G;
+  const int b = bt / T_, t = bt - b * T_;
+  return {g, ((b * NH + h) * T_ + t) * hs + d};
+}
+
+template <typename T>
+__device__ __forceinline__ T* pick(int g, T* p0, T* p1, T* p2) {
+  return g == 0 ? p0 : (g == 1 ? p1 : p2);
+}
+
+// h_g[...] = inter[e] for every pack of W elements (W divides hs).
+template <typename T, int W>
+__global__ void gather_heads_kernel(T* h0, T* h1, T* h2, const T* __restrict__ inter, int G, int NH,
+                                    int T_, int hs, unsigned packs) {
+  for (unsigned p = blockIdx.x * blockDim.x + threadIdx.x; p < packs; p += gridDim.x * blockDim.x) {
+    const int e = static_cast<int>(p) * W;
+    const HeadPos hp = head_pos(e, G, NH, T_, hs);
+    store_pack<W>(pick(hp.g, h0, h1, h2) + hp.off, load_pack<W>(inter + e));
+  }
+}
+
+// inter[e] = h_g[...]: the inverse permutation.
+template <typename T, int W>
+__global__ void scatter_heads_kernel(T* __restrict__ inter, const T* h0, const T* h1, const T* h2,
+                                     int G, int NH, int T_, int hs, unsigned packs) {
+  for (unsigned p = blockIdx.x * blockDim.x + threadIdx.x; p < packs; p += gridDim.x * blockDim.x) {
+    const int e = static_cast<int>(p) * W;
+    const HeadPos hp = head_pos(e, G, NH, T_, hs);
+    store_pack<W>(inter + e, load_pack<W>(pick(hp.g, h0, h1, h2) + hp.off));
+  }
+}
+
+// The rows of att[BH,T,T] go one per warp; row `row` is query position row % T and
+// its live entries are [0, row % T]. W-wide packs need T % W == 0 and aligned rows.
+template <typename T, int W>
+__global__ void causal_softmax_forward_kernel(T* att, float scale, int rows, int T_) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp leaves together
+  const int lane = threadIdx.x % 32;
+  const int live = row % T_ + 1;
+  T* a = att + static_cast<std::size_t>(row) * T_;
+  float m = -INFINITY;
+  for (int j = lane * W; j < live; j += 32 * W) {
+    const Pack<T, W> p = load_pack<W>(a + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < live) m = fmaxf(m, scale * to_f32(p.v[k]));
+  }
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int j = lane * W; j < live; j += 32 * W) {
+    const Pack<T, W> p = load_pack<W>(a + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < live) sum += expf(scale * to_f32(p.v[k]) - m);
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (int j = lane * W; j < T_; j += 32 * W) {
+    Pack<T, W> p;
+    if (j < live) p = load_pack<W>(a + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      p.v[k] = from_f32<T>(j + k < live ? expf(scale * to_f32(p.v[k]) - m) * inv : 0.0f);
+    store_pack<W>(a + j, p);
+  }
+}
+
+// datt = scale * p * (datt - sum_j p_j datt_j) on the live entries, 0 above them.
+template <typename T, int W>
+__global__ void causal_softmax_backward_kernel(T* datt, const T* __restrict__ att, float scale,
+                                               int rows, int T_) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int live = row % T_ + 1;
+  const std::size_t off = static_cast<std::size_t>(row) * T_;
+  T* d = datt + off;
+  const T* a = att + off;
+  float dot = 0.0f;
+  for (int j = lane * W; j < live; j += 32 * W) {
+    const Pack<T, W> pd = load_pack<W>(d + j), pa = load_pack<W>(a + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < live) dot += to_f32(pa.v[k]) * to_f32(pd.v[k]);
+  }
+  dot = warp_sum(dot);
+  for (int j = lane * W; j < T_; j += 32 * W) {
+    Pack<T, W> pd, pa;
+    if (j < live) {
+      pd = load_pack<W>(d + j);
+      pa = load_pack<W>(a + j);
+    }
+    Pack<T, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      r.v[k] = from_f32<T>(j + k < live ? scale * to_f32(pa.v[k]) * (to_f32(pd.v[k]) - dot) : 0.0f);
+    store_pack<W>(d + j, r);
+  }
+}
+
+// Checks the sizes of a head permutation of B*T*G*NH*hs elements.
+bool check_heads(const char* op, int B, int T_, int G, int NH, int hs) {
+  require(B >= 0 && T_ >= 0 && NH >= 0 && hs >= 0, op, "negative size");
+  const long long total = static_cast<long long>(B) * T_ * G * NH * hs;
+  require(total < (1LL << 31), op, "more than 2^31 elements");
+  return total > 0;
+}
+
+template <typename T>
+void gather(T* h0, T* h1, T* h2, const T* inter, int B, int T_, int G, int NH, int hs,
+            cudaStream_t s) {
+  constexpr int V = kVec<T>;
+  const unsigned total = static_cast<unsigned>(B) * T_ * G * NH * hs;
+  if (hs % V == 0 && aligned16({h0, h1, h2, inter}))
+    gather_heads_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(
+        h0, h1, h2, inter, G, NH, T_, hs, total / V);
+  else
+    gather_heads_kernel<T, 1>
+        <<<grid_for(total, kThreads), kThreads, 0, s>>>(h0, h1, h2, inter, G, NH, T_, hs, total);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void scatter(T* inter, const T* h0, const T* h1, const T* h2, int B, int T_, int G, int NH, int hs,
+             cudaStream_t s) {
+  constexpr int V = kVec<T>;
+  const unsigned total = static_cast<unsigned>(B) * T_ * G * NH * hs;
+  if (hs % V == 0 && aligned16({inter, h0, h1, h2}))
+    scatter_heads_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, s>>>(
+        inter, h0, h1, h2, G, NH, T_, hs, total / V);
+  else
+    scatter_heads_kernel<T, 1>
+        <<<grid_for(total, kThreads), kThreads, 0, s>>>(inter, h0, h1, h2, G, NH, T_, hs, total);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+// Checks the sizes of att[BH,T,T]; returns its row count.
+int check_rows(const char* op, const void* att, int BH, int T_) {
+  require(BH >= 0 && T_ >= 0, op, "negative size");
+  const long long rows = static_cast<long long>(BH) * T_;
+  require(rows < (1LL << 31), op, "more than 2^31 rows");
+  require(rows == 0 || att != nullptr, op, "null pointer");
+  return static_cast<int>(rows);
+}
+
+}  // namespace
+
+template <typename T>
+void split_heads(T* q, T* k, T* v, const T* qkv, int B, int T_, int NH, int hs, cudaStream_t s) {
+  if (!check_heads("split_heads", B, T_, 3, NH, hs)) return;
+  require(q && k && v && qkv, "split_heads", "null pointer");
+  gather(q, k, v, qkv, B, T_, 3, NH, hs, s);
+}
+
+template <typename T>
+void merge_heads(T* out, const T* y, int B, int T_, int NH, int hs, cudaStream_t s) {
+  if (!check_heads("merge_heads", B, T_, 1, NH, hs)) return;
+  require(out && y, "merge_heads", "null pointer");
+  scatter(out, y, y, y, B, T_, 1, NH, hs, s);
+}
+
+template <typename T>
+void split_heads_grad(T* dy, const T* dout, int B, int T_, int NH, int hs, cudaStream_t s) {
+  if (!check_heads("split_heads_grad", B, T_, 1, NH, hs)) return;
+  require(dy && dout, "split_heads_grad", "null pointer");
+  gather(dy, dy, dy, dout, B, T_, 1, NH, hs, s);
+}
+
+template <typename T>
+void merge_qkv_grad(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int T_, int NH, int hs,
+                    cudaStream_t s) {
+  if (!check_heads("merge_qkv_grad", B, T_, 3, NH, hs)) return;
+  require(dqkv && dq && dk && dv, "merge_qkv_grad", "null pointer");
+  scatter(dqkv, dq, dk, dv, B, T_, 3, NH, hs, s);
+}
+
+template <typename T>
+void causal_softmax_forward(T* att, float scale, int BH, int T_, cudaStream_t s) {
+  const int rows = check_rows("causal_softmax_forward", att, BH, T_);
+  if (rows == 0) return;
+  const unsigned grid = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  constexpr int V = kVec<T>;
+  if (T_ % V == 0 && aligned16({att}))
+    causal_softmax_forward_kernel<T, V><<<grid, kThreads, 0, s>>>(att, scale, rows, T_);
+  else
+    causal_softmax_forward_kernel<T, 1><<<grid, kThreads, 0, s>>>(att, scale, rows, T_);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_, cudaStream_t s) {
+  const int rows = check_rows("causal_softmax_backward", datt, BH, T_);
+  if (rows == 0) return;
+  require(att != nullptr, "causal_softmax_backward", "null pointer");
+  const unsigned grid = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  constexpr int V = kVec<T>;
+  if (T_ % V == 0 && aligned16({datt, att}))
+    causal_softmax_backward_kernel<T, V><<<grid, kThreads, 0, s>>>(datt, att, scale, rows, T_);
+  else
+    causal_softmax_backward_kernel<T, 1><<<grid, kThreads, 0, s>>>(datt, att, scale, rows, T_);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+#define PPTRAIN_INSTANTIATE(T)                                                          \
+  template void split_heads<T>(T*, T*, T*, const T*, int, int, int, int, cudaStream_t); \
+  template void merge_heads<T>(T*, const T*, int, int, int, int, cudaStream_t);         \
+  template void split_heads_grad<T>(T*, const T*, int, int, int, int, cudaStream_t);    \
+  template void merge_qkv_grad<T>(T*, const T*, const T*, const T*, int, int, int, int, \
+                                  cudaStream_t);                                        \
+  template void causal_softmax_forward<T>(T*, float, int, int, cudaStream_t);           \
+  template void causal_softmax_backward<T>(T*, const T*, float, int, int, cudaStream_t);
+PPTRAIN_INSTANTIATE(float)
+PPTRAIN_INSTANTIATE(bf16)
+#undef PPTRAIN_INSTANTIATE
+
+}  // namespace pptrain::ops::cuda

@@ -1,1 +1,226 @@
-// placeholder: being written
+// Softmax cross-entropy CUDA kernels, one block per row, fp32 throughout: the fused
+// op over the first V of Vp columns, and the three phases of the vocab-parallel form
+// (row max, partial sums, finish) over a shard of Vl columns starting at col_begin.
+// Columns past the real vocabulary are masked out and get gradient 0. dlogits may
+// alias logits: every value a thread needs is read before the block's last barrier,
+// and afterwards each thread writes only the elements it reads itself.
+#include <cmath>
+
+#include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/kernels.hpp"
+
+namespace pptrain::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+
+// A row's loads go in W-wide packs; with W > 1 the row length (cols) is a multiple of
+// W and the row is 16-byte aligned, so a pack starting below `real` (<= cols) is in
+// bounds.
+
+// Largest of x[0, real) over the block (-inf when real == 0).
+template <typename T, int W>
+__device__ float row_max(const T* x, int real, float* red) {
+  float m = -INFINITY;
+  for (int j = threadIdx.x * W; j < real; j += blockDim.x * W) {
+    const Pack<T, W> p = load_pack<W>(x + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < real) m = fmaxf(m, to_f32(p.v[k]));
+  }
+  return block_max(m, red);
+}
+
+// Sum of exp(x[j] - m) over j < real, over the block (0 when real == 0).
+template <typename T, int W>
+__device__ float row_exp_sum(const T* x, int real, float m, float* red) {
+  float s = 0.0f;
+  for (int j = threadIdx.x * W; j < real; j += blockDim.x * W) {
+    const Pack<T, W> p = load_pack<W>(x + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < real) s += expf(to_f32(p.v[k]) - m);
+  }
+  return block_sum(s, red);
+}
+
+// d[j] = exp(x[j] - m) * scale (minus dloss at `local`) for j < real, 0 up to cols.
+template <typename T, int W>
+__device__ void write_grad(T* d, const T* x, int real, int cols, float m, float scale, int local,
+                           float dloss) {
+  for (int j = threadIdx.x * W; j < cols; j += blockDim.x * W) {
+    Pack<T, W> p;
+    if (j < real) p = load_pack<W>(x + j);
+    Pack<T, W> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float g = 0.0f;
+      if (j + k < real) {
+        g = expf(to_f32(p.v[k]) - m) * scale;
+        if (j + k == local) g -= dloss;
+      }
+      r.v[k] = from_f32<T>(g);
+    }
+    store_pack<W>(d + j, r);
+  }
+}
+
+// dloss / sum rounded once, as the CPU does it.
+__device__ __forceinline__ float grad_scale(float dloss, double sum) {
+  return static_cast<float>(static_cast<double>(dloss) / sum);
+}
+
+template <typename T, int W>
+__global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
+                                     const int32_t* targets, int V, int Vp, float dloss) {
+  __shared__ float red[32];
+  const std::size_t off = static_cast<std::size_t>(blockIdx.x) * Vp;
+  const T* x = logits + off;
+  const int target = targets[blockIdx.x];
+  const bool valid = target >= 0 && target < V;
+  const float xt = valid ? to_f32(x[target]) : NAN;  // read before anything is written
+  const float m = row_max<T, W>(x, V, red);
+  const float sum = row_exp_sum<T, W>(x, V, m, red);                // ends with a barrier
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) - (xt - m);  // NaN for a bad target
+  if (dlogits != nullptr)
+    write_grad<T, W>(dlogits + off, x, V, Vp, m, grad_scale(dloss, sum), target, dloss);
+}
+
+// The real (unpadded) columns of a shard: its local columns [0, real).
+__device__ __forceinline__ int real_columns(int Vl, int col_begin, int V) {
+  return max(0, min(Vl, V - col_begin));
+}
+
+template <typename T, int W>
+__global__ void ce_row_max_kernel(float* rowmax, const T* logits, int Vl, int col_begin, int V) {
+  __shared__ float red[32];
+  const T* x = logits + static_cast<std::size_t>(blockIdx.x) * Vl;
+  const float m = row_max<T, W>(x, real_columns(Vl, col_begin, V), red);
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+template <typename T, int W>
+__global__ void ce_partial_sums_kernel(float* stats, const T* logits, const float* rowmax,
+                                       const int32_t* targets, int Vl, int col_begin, int V) {
+  __shared__ float red[32];
+  const int n = blockIdx.x;
+  const T* x = logits + static_cast<std::size_t>(n) * Vl;
+  const int real = real_columns(Vl, col_begin, V);
+  const float sum = row_exp_sum<T, W>(x, real, rowmax[n], red);
+  if (threadIdx.x != 0) return;
+  const int target = targets[n];
+  const int local = target - col_begin;
+  float tl = local >= 0 && local < real ? to_f32(x[local]) : 0.0f;
+  if (target < 0 || target >= V) tl = NAN;  // a bad target poisons the loss
+  stats[2 * n] = sum;
+  stats[2 * n + 1] = tl;
+}
+
+template <typename T, int W>
+__global__ void ce_finish_kernel(float* losses, T* dlogits, const T* logits, const float* rowmax,
+                                 const float* stats, const int32_t* targets, int Vl, int col_begin,
+                                 int V, float dloss) {
+  const int n = blockIdx.x;
+  const double sum = stats[2 * n];
+  const float m = rowmax[n];
+  if (threadIdx.x == 0)
+    losses[n] = static_cast<float>(log(sum) + static_cast<double>(m) - double(stats[2 * n + 1]));
+  if (dlogits == nullptr) return;
+  const std::size_t off = static_cast<std::size_t>(n) * Vl;
+  write_grad<T, W>(dlogits + off, logits + off, real_columns(Vl, col_begin, V), Vl, m,
+                   grad_scale(dloss, sum), targets[n] - col_begin, dloss);
+}
+
+// W-wide packs when every row is 16-byte aligned.
+template <typename T>
+bool wide_rows(int cols, std::initializer_list<const void*> ptrs) {
+  return cols % kVec<T> == 0 && aligned16(ptrs);
+}
+
+void check_shard(const char* op, int N, int Vl, int col_begin, int V) {
+  require(N >= 0 && Vl >= 0 && col_begin >= 0, op, "negative size");
+  require(V > 0, op, "V must be positive");
+}
+
+}  // namespace
+
+template <typename T>
+void cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int N, int V,
+                   int Vp, float dloss, cudaStream_t s) {
+  require(N >= 0, "cross_entropy", "negative size");
+  require(V > 0 && V <= Vp, "cross_entropy", "need 0 < V <= Vp");
+  if (N == 0) return;
+  require(losses && logits && targets, "cross_entropy", "null pointer");
+  constexpr int W = kVec<T>;
+  if (wide_rows<T>(Vp, {dlogits, logits}))
+    cross_entropy_kernel<T, W>
+        <<<N, kThreads, 0, s>>>(losses, dlogits, logits, targets, V, Vp, dloss);
+  else
+    cross_entropy_kernel<T, 1>
+        <<<N, kThreads, 0, s>>>(losses, dlogits, logits, targets, V, Vp, dloss);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void ce_row_max(float* rowmax, const T* logits, int N, int Vl, int col_begin, int V,
+                cudaStream_t s) {
+  check_shard("ce_row_max", N, Vl, col_begin, V);
+  if (N == 0) return;
+  require(rowmax && (logits || Vl == 0), "ce_row_max", "null pointer");
+  constexpr int W = kVec<T>;
+  if (wide_rows<T>(Vl, {logits}))
+    ce_row_max_kernel<T, W><<<N, kThreads, 0, s>>>(rowmax, logits, Vl, col_begin, V);
+  else
+    ce_row_max_kernel<T, 1><<<N, kThreads, 0, s>>>(rowmax, logits, Vl, col_begin, V);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void ce_partial_sums(float* stats, const T* logits, const float* rowmax, const int32_t* targets,
+                     int N, int Vl, int col_begin, int V, cudaStream_t s) {
+  check_shard("ce_partial_sums", N, Vl, col_begin, V);
+  if (N == 0) return;
+  require(stats && rowmax && targets && (logits || Vl == 0), "ce_partial_sums", "null pointer");
+  constexpr int W = kVec<T>;
+  if (wide_rows<T>(Vl, {logits}))
+    ce_partial_sums_kernel<T, W>
+        <<<N, kThreads, 0, s>>>(stats, logits, rowmax, targets, Vl, col_begin, V);
+  else
+    ce_partial_sums_kernel<T, 1>
+        <<<N, kThreads, 0, s>>>(stats, logits, rowmax, targets, Vl, col_begin, V);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void ce_finish(float* losses, T* dlogits, const T* logits, const float* rowmax, const float* stats,
+               const int32_t* targets, int N, int Vl, int col_begin, int V, float dloss,
+               cudaStream_t s) {
+  check_shard("ce_finish", N, Vl, col_begin, V);
+  if (N == 0) return;
+  require(losses && rowmax && stats && targets, "ce_finish", "null pointer");
+  require(dlogits == nullptr || logits || Vl == 0, "ce_finish", "null logits");
+  constexpr int W = kVec<T>;
+  const int threads = dlogits != nullptr ? kThreads : 32;  // the loss alone needs one thread
+  if (wide_rows<T>(Vl, {dlogits, logits}))
+    ce_finish_kernel<T, W><<<N, threads, 0, s>>>(losses, dlogits, logits, rowmax, stats, targets,
+                                                 Vl, col_begin, V, dloss);
+  else
+    ce_finish_kernel<T, 1><<<N, threads, 0, s>>>(losses, dlogits, logits, rowmax, stats, targets,
+                                                 Vl, col_begin, V, dloss);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+#define PPTRAIN_INSTANTIATE(T)                                                                    \
+  template void cross_entropy<T>(float*, T*, const T*, const int32_t*, int, int, int, float,      \
+                                 cudaStream_t);                                                   \
+  template void ce_row_max<T>(float*, const T*, int, int, int, int, cudaStream_t);                \
+  template void ce_partial_sums<T>(float*, const T*, const float*, const int32_t*, int, int, int, \
+                                   int, cudaStream_t);                                            \
+  template void ce_finish<T>(float*, T*, const T*, const float*, const float*, const int32_t*,    \
+                             int, int, int, int, float, cudaStream_t);
+PPTRAIN_INSTANTIATE(float)
+PPTRAIN_INSTANTIATE(bf16)
+#undef PPTRAIN_INSTANTIATE
+
+}  // namespace pptrain::ops::cuda

@@ -21,7 +21,10 @@ template <typename T> void add(T* out, const T* a, const T* b, std::size_t n, cu
 void accumulate(float* dst, const float* src, std::size_t n, cudaStream_t s);
 template <typename T> void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s);
 // dbias[c] += sum_n dout[n,c] (deterministic: fixed reduction order, no atomics).
-template <typename T> void bias_backward(float* dbias, const T* dout, int N, int C, cudaStream_t s);
+// `scratch` holds at least bias_backward_scratch_floats(N, C) floats of device memory.
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cudaStream_t s);
+std::size_t bias_backward_scratch_floats(int N, int C);
 template <typename T> void gelu_forward(T* out, const T* inp, std::size_t n, cudaStream_t s);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n, cudaStream_t s);
@@ -36,10 +39,13 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 template <typename T>
 void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
                               const float* rstd, int N, int C, cudaStream_t s);
-// Deterministic column sums (no atomics).
+// Deterministic column sums (no atomics). `scratch` holds at least
+// layernorm_backward_weight_scratch_floats(N, C) floats of device memory.
 template <typename T>
 void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp,
-                               const float* mean, const float* rstd, int N, int C, cudaStream_t s);
+                               const float* mean, const float* rstd, int N, int C, float* scratch,
+                               cudaStream_t s);
+std::size_t layernorm_backward_weight_scratch_floats(int N, int C);
 
 // ---- embedding (embedding.cu) ----
 template <typename T>
