@@ -1,0 +1,53 @@
+// add_nccl_comms: the NCCL communicators of the rank grid, created at start-up on every
+// rank in one fixed order (world, tp, dp, embedding), each bootstrapped over the host
+// world (its rank 0 makes the ncclUniqueId and sends it to the other members).
+#include "comm/nccl_comm.hpp"
+
+#include <numeric>
+
+#include "comm/nccl_impl.hpp"
+#include "core/error.hpp"
+
+namespace pptrain::comm {
+
+bool nccl_built() { return true; }
+
+namespace {
+
+// The NCCL twin of a host group: same name and members, which must be the grid's.
+std::unique_ptr<Group> twin(const std::shared_ptr<detail::NcclContext>& ctx, const Group& host,
+                            const std::vector<int>& members, int tag) {
+  PPTRAIN_CHECK(host.world_ranks() == members,
+                "add_nccl_comms: " + host.name() + " does not match the rank grid");
+  ncclComm_t comm = ctx->add_comm(members, host.name(), tag);
+  return detail::make_nccl_group(ctx, comm, host.name(), members);
+}
+
+}  // namespace
+
+void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream) {
+  PPTRAIN_CHECK(comms.world && comms.tp && comms.dp,
+                "add_nccl_comms: the host communicators must exist first");
+  PPTRAIN_CHECK(!comms.device, "add_nccl_comms: comms already has device communicators");
+  World& host = *comms.world;
+  const int rank = host.rank(), size = host.size();
+  PPTRAIN_CHECK(grid.world_size() == size, "add_nccl_comms: the rank grid has " +
+                                               std::to_string(grid.world_size()) +
+                                               " ranks, the job " + std::to_string(size));
+  const bool has_embedding = grid.embedding_group_index(rank) >= 0;
+  PPTRAIN_CHECK(has_embedding == (comms.embedding != nullptr),
+                "add_nccl_comms: the embedding group does not match the rank grid");
+
+  auto ctx = std::make_shared<detail::NcclContext>(
+      host, static_cast<cudaStream_t>(compute_stream), comms.timeout_s);
+  auto device = std::make_unique<DeviceComms>();
+  std::vector<int> everyone(static_cast<std::size_t>(size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  device->world = detail::make_nccl_world(ctx, ctx->add_comm(everyone, "world", 0), size);
+  device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
+  device->dp = twin(ctx, *comms.dp, grid.dp_group(rank), 2);
+  if (has_embedding) device->embedding = twin(ctx, *comms.embedding, grid.embedding_group(rank), 3);
+  comms.device = std::move(device);
+}
+
+}  // namespace pptrain::comm

@@ -1,0 +1,114 @@
+// Collectives of one NCCL communicator on arrays in GPU memory. Each is queued on the
+// compute stream, after the work already there and before the work queued later; the
+// host does not wait. all_reduce_start runs on the context's own stream instead, so
+// gradient reduction overlaps the backward pass, and its wait() is watched.
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "comm/mpi_wait.hpp"
+#include "comm/nccl_impl.hpp"
+#include "core/error.hpp"
+
+namespace pptrain::comm::detail {
+namespace {
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+class NcclGroup final : public Group {
+ public:
+  NcclGroup(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, std::string name,
+            std::vector<int> members)
+      : ctx_(std::move(ctx)), comm_(comm), name_(std::move(name)), members_(std::move(members)) {
+    const auto it = std::find(members_.begin(), members_.end(), ctx_->world_rank());
+    PPTRAIN_CHECK(it != members_.end(), name_ + ": rank is not in its own group");
+    rank_ = static_cast<int>(it - members_.begin());
+    peers_ = join_ranks(members_);
+  }
+
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::vector<int>& world_ranks() const override { return members_; }
+
+  void all_reduce(float* data, std::size_t n, ReduceOp op) override {
+    if (n == 0) return;
+    ctx_->check(ncclAllReduce(data, data, n, ncclFloat32, nccl_op(op), comm_, stream()),
+                "ncclAllReduce", info("all_reduce"));
+  }
+  void all_reduce(double*, std::size_t, ReduceOp) override {
+    throw std::logic_error(name_ + ": all_reduce of host doubles on an NCCL group; host values "
+                                   "use the MPI groups of Comms (all, tp, dp, pp, embedding), "
+                                   "not Comms::device");
+  }
+  void all_reduce(void* data, std::size_t n, DType dtype) override {
+    if (n == 0) return;
+    const ncclDataType_t type = dtype == DType::F32 ? ncclFloat32 : ncclBfloat16;
+    ctx_->check(ncclAllReduce(data, data, n, type, ncclSum, comm_, stream()), "ncclAllReduce",
+                info("all_reduce"));
+  }
+  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
+    if (recv_count == 0) return;
+    if (send != recv) {
+      ctx_->check(ncclReduceScatter(send, recv, recv_count, ncclFloat32, ncclSum, comm_, stream()),
+                  "ncclReduceScatter", info("reduce_scatter"));
+      return;
+    }
+    // In place, as MPI: the input is recv and the result goes to its front. NCCL's
+    // in-place form leaves this rank's block at its own offset, so it moves afterwards
+    // (the two ranges are disjoint for rank > 0).
+    float* mine = recv + static_cast<std::size_t>(rank_) * recv_count;
+    ctx_->check(ncclReduceScatter(recv, mine, recv_count, ncclFloat32, ncclSum, comm_, stream()),
+                "ncclReduceScatter", info("reduce_scatter"));
+    if (rank_ != 0)
+      ctx_->check(cudaMemcpyAsync(recv, mine, recv_count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream()),
+                  "cudaMemcpyAsync", info("reduce_scatter"));
+  }
+  void all_gather(const float* send, float* recv, std::size_t send_count) override {
+    if (send_count == 0) return;
+    // send == this rank's block of recv is NCCL's in-place form too.
+    ctx_->check(ncclAllGather(send, recv, send_count, ncclFloat32, comm_, stream()),
+                "ncclAllGather", info("all_gather"));
+  }
+  void broadcast(float* data, std::size_t n, int root) override {
+    PPTRAIN_CHECK(root >= 0 && root < size(), "broadcast on " + name_ + ": root " +
+                                                  std::to_string(root) + " is not a member");
+    if (n == 0) return;
+    ctx_->check(ncclBroadcast(data, data, n, ncclFloat32, root, comm_, stream()),
+                "ncclBroadcast", info("broadcast"));
+  }
+  std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) override {
+    NcclOpInfo op = info("all_reduce_start");
+    const cudaStream_t side = ctx_->comm_stream();
+    // The side stream starts once the compute stream has produced the data.
+    cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
+    ctx_->check(cudaStreamWaitEvent(side, ready, 0), "cudaStreamWaitEvent", op);
+    ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
+    if (n > 0)
+      ctx_->check(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, side),
+                  "ncclAllReduce", op);
+    cudaEvent_t done = ctx_->record(side, op);
+    return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
+  }
+
+ private:
+  cudaStream_t stream() const { return ctx_->compute_stream(); }
+  NcclOpInfo info(const char* op) const { return {op, name_, peers_}; }
+
+  std::shared_ptr<NcclContext> ctx_;
+  ncclComm_t comm_;  // owned by ctx_
+  std::string name_;
+  std::vector<int> members_;
+  std::string peers_;  // the members, for messages
+  int rank_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
+                                       std::string name, std::vector<int> members) {
+  return std::make_unique<NcclGroup>(std::move(ctx), comm, std::move(name), std::move(members));
+}
+
+}  // namespace pptrain::comm::detail

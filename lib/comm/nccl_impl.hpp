@@ -1,0 +1,94 @@
+// Internal to lib/comm: what the NCCL groups and world of one DeviceComms share (their
+// communicators, the streams, the host world that carries start-up, barriers and
+// aborts), the checks that end the job on an NCCL or CUDA error, and the watchdog wait.
+#pragma once
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+
+namespace pptrain::comm::detail {
+
+// What an operation is, for error and watchdog messages.
+struct NcclOpInfo {
+  std::string op;     // "all_reduce_start", "exchange", ...
+  std::string group;  // group name
+  std::string peers;  // members or transfers
+};
+
+// Owns every NCCL communicator of one DeviceComms and the stream of all_reduce_start.
+// An error or a timeout anywhere aborts all of them (ncclCommAbort), then ends the job
+// through the host world, so no rank is left waiting in a collective.
+class NcclContext {
+ public:
+  // host_world must outlive the context (Comms destroys `device` before `world`).
+  NcclContext(World& host_world, cudaStream_t compute, double timeout_s);
+  // Waits for the device, then destroys the communicators, newest first. Does not touch
+  // the compute stream, which may already be gone.
+  ~NcclContext();
+  NcclContext(const NcclContext&) = delete;
+  NcclContext& operator=(const NcclContext&) = delete;
+
+  // Creates the communicator of one group (members: world ranks by group rank; this
+  // rank must be one): members[0] makes the id and sends it to the others over the
+  // host world with `tag`, then every member joins. Collective over the members.
+  ncclComm_t add_comm(const std::vector<int>& members, const std::string& name, int tag);
+
+  cudaStream_t compute_stream() const { return compute_; }
+  cudaStream_t comm_stream() const { return comm_stream_; }
+  int world_rank() const { return world_rank_; }
+  World& host_world() const { return host_world_; }
+
+  // Ends the job naming the call and the operation unless rc is success.
+  void check(ncclResult_t rc, const char* call, const NcclOpInfo& info);
+  void check(cudaError_t rc, const char* call, const NcclOpInfo& info);
+
+  // A new event recorded on `stream`.
+  cudaEvent_t record(cudaStream_t stream, const NcclOpInfo& info);
+
+  // Blocks until `done` has completed, polling it and comm's asynchronous error; past
+  // the timeout (if > 0) prints the watchdog line and ends the job.
+  void wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info);
+
+  // Aborts every communicator, then ends the job through the host world.
+  [[noreturn]] void abort(const std::string& message, int exit_code);
+
+ private:
+  World& host_world_;
+  cudaStream_t compute_;
+  cudaStream_t comm_stream_ = nullptr;
+  double timeout_s_;
+  int world_rank_;
+  std::vector<ncclComm_t> comms_;  // in creation order
+  bool aborted_ = false;
+};
+
+// A started operation: the event recorded after it. wait() blocks under the watchdog
+// until the event has completed, so any work queued afterwards, on any stream, comes
+// after the operation; test() only queries the event.
+class NcclPending final : public PendingOp {
+ public:
+  NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cudaEvent_t done,
+              NcclOpInfo info);
+  ~NcclPending() override;
+  void wait() override;
+  bool test() override;
+
+ private:
+  std::shared_ptr<NcclContext> ctx_;
+  ncclComm_t comm_;
+  cudaEvent_t done_;
+  NcclOpInfo info_;
+  bool complete_ = false;
+};
+
+std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
+                                       std::string name, std::vector<int> members);
+std::unique_ptr<World> make_nccl_world(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
+                                       int size);
+
+}  // namespace pptrain::comm::detail
