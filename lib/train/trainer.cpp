@@ -20,6 +20,7 @@
 #include "optim/lr_schedule.hpp"
 #include "pipeline/simulator.hpp"
 #include "train/metrics.hpp"
+#include "train/mfu.hpp"
 #include "train/grad_sync.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/session.hpp"
@@ -50,6 +51,7 @@ struct StepReport {
   double bubble = 0, bubble_min = 0, bubble_max = 0, compute_s = 0, wait_s = 0, comm_s = 0;
   int peak_activations = 0;
   double peak_rss_mib = 0;
+  double peak_device_mib = 0;  // backend memory (0 on the CPU)
   bool stop = false;  // some rank got a stop signal
 };
 
@@ -58,13 +60,14 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool st
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   double sums[4] = {bubble, st.compute_s, st.wait_s, comm_s};
-  double extremes[5] = {bubble, -bubble, double(st.peak_activations),
-                        double(usage.ru_maxrss) / 1024, stop ? 1.0 : 0.0};
+  double extremes[6] = {bubble, -bubble, double(st.peak_activations),
+                        double(usage.ru_maxrss) / 1024, stop ? 1.0 : 0.0,
+                        double(s.ops->peak_memory_bytes()) / (1024.0 * 1024.0)};
   s.comms.all->all_reduce(sums, 4, comm::ReduceOp::Sum);
-  s.comms.all->all_reduce(extremes, 5, comm::ReduceOp::Max);
+  s.comms.all->all_reduce(extremes, 6, comm::ReduceOp::Max);
   const double n = s.grid.world_size();
   return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n,
-          int(extremes[2]), extremes[3], extremes[4] > 0};
+          int(extremes[2]), extremes[3], extremes[5], extremes[4] > 0};
 }
 
 // Creates checkpoint.dir up front, so an unusable one fails before any training.
@@ -120,6 +123,8 @@ TrainResult train_rank(Session& s) {
     make_checkpoint_dir(ckpt_dir);
     model.init_parameters(cfg.train.seed);
   }
+  // MFU's denominator: only for GPUs (or a configured peak).
+  const double peak_tflops = peak_tflops_for(cfg.train.peak_tflops, s.ops->device_model());
   const ScheduleKind kind = parse_schedule(par.schedule);
   const double bubble_theory = theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages);
   if (s.logs()) {
@@ -128,6 +133,9 @@ TrainResult train_rank(Session& s) {
                  "schedule {} (theoretical bubble {:.3f})",
                  gpt_param_layout(cfg.model).hf_param_count(), tokens_per_step(cfg), par.tp,
                  par.pp, par.dp, s.grid.world_size(), par.schedule, bubble_theory);
+    spdlog::info("backend: {}{}", s.ops->name(),
+                 peak_tflops > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops)
+                                 : std::string());
   }
 
   MetricsWriter metrics(s.logs() ? cfg.logging.metrics : "");
@@ -202,18 +210,21 @@ TrainResult train_rank(Session& s) {
     }
     if (s.logs() && (due(n, cfg.logging.every, last_step) || val_loss || n == first_step + 1)) {
       const double tok_s = double(tokens_per_step(cfg)) / step_s;
+      const double flops_per_rank = flops_per_step / step_s / s.grid.world_size();
+      const double util = mfu(flops_per_rank, peak_tflops);
       const double eta = train_seconds / double(n - first_step) * double(last_step - n);
-      spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | "
+      spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | "
                    "{:.3f} s | bubble {:.3f} (theory {:.3f}) | eta {}",
                    n, last_step, loss, val_loss ? fmt::format(" | val {:.4f}", *val_loss) : "", lr,
-                   norm, tok_s, step_s, rep.bubble, bubble_theory, format_eta(eta));
+                   norm, tok_s, peak_tflops > 0 ? fmt::format(" | MFU {:.1f}%", 100 * util) : "",
+                   step_s, rep.bubble, bubble_theory, format_eta(eta));
       nlohmann::json rec = {{"step", n},
                             {"loss", loss},
                             {"lr", lr},
                             {"grad_norm", norm},
                             {"tokens_per_s", tok_s},
                             {"step_time_s", step_s},
-                            {"tflops_per_rank", flops_per_step / step_s / s.grid.world_size() / 1e12},
+                            {"tflops_per_rank", flops_per_rank / 1e12},
                             {"bubble", rep.bubble},
                             {"bubble_min", rep.bubble_min},
                             {"bubble_max", rep.bubble_max},
@@ -224,6 +235,8 @@ TrainResult train_rank(Session& s) {
                             {"peak_activations", rep.peak_activations},
                             {"peak_rss_mib", rep.peak_rss_mib}};
       if (val_loss) rec["val_loss"] = *val_loss;
+      if (peak_tflops > 0) rec["mfu"] = util;
+      if (s.ops->device_memory()) rec["peak_device_mib"] = rep.peak_device_mib;
       metrics.write(rec);
     }
     if (!ckpt_dir.empty() && (due(n, cfg.checkpoint.every, last_step) || rep.stop)) {

@@ -1,0 +1,124 @@
+// The model's mixed-precision path (bf16 activations and weight copy; fp32 master
+// weights, gradients and AdamW moments) on the bf16-storage CPU test backend, against
+// the fp32 CPU backend: the same GPT must give the same loss and gradients up to bf16
+// rounding, train alike, and keep its weight copy equal to the rounded master.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "bf16_cpu_ops.hpp"
+#include "core/random.hpp"
+#include "model/gpt.hpp"
+#include "optim/adamw.hpp"
+
+namespace pptrain {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.d_model = 32;
+  m.seq_len = 16;
+  m.vocab_size = 61;
+  return m;
+}
+
+std::vector<int32_t> tokens(int n, int vocab, uint64_t key) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t(mix64(key + uint64_t(i)) % uint64_t(vocab));
+  return t;
+}
+
+struct Trainee {
+  explicit Trainee(std::unique_ptr<ops::Ops> backend, int batch = 2)
+      : ops(std::move(backend)), model(small_model(), batch, *ops) {
+    model.init_parameters(3);
+  }
+  // Loss of one training forward, gradients left in grads() (host copy returned).
+  float loss_and_grads(const std::vector<int32_t>& in, const std::vector<int32_t>& tg,
+                       std::vector<float>* grads) {
+    model.zero_grads();
+    const float loss = model.forward(in.data(), tg.data(), 1.0f);
+    model.backward_input();
+    model.backward_weight();
+    grads->resize(model.layout().total_floats());
+    ops->download(grads->data(), model.grads(), grads->size() * sizeof(float));
+    return loss;
+  }
+  std::unique_ptr<ops::Ops> ops;
+  GptModel model;
+};
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+TEST(MixedPrecision, Bf16HasAWeightCopyAndFp32DoesNot) {
+  Trainee bf(test_support::make_bf16_cpu_ops()), fp(ops::make_cpu_ops(1));
+  EXPECT_TRUE(bf.model.has_weight_copy());
+  EXPECT_FALSE(fp.model.has_weight_copy());
+}
+
+TEST(MixedPrecision, WeightCopyIsTheRoundedMaster) {
+  Trainee bf(test_support::make_bf16_cpu_ops());
+  const size_t n = bf.model.layout().total_floats();
+  std::vector<float> master(n), copy(n);
+  bf.model.read_params(master.data());
+  bf.ops->to_float(copy.data(), bf.model.weights(), n);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+  // Master values that bf16 cannot hold stay exact in the master.
+  for (size_t i = 0; i < n; ++i) master[i] = 1.0f + float(i % 7) * 1e-4f;
+  bf.model.write_params(master.data());
+  std::vector<float> back(n);
+  bf.model.read_params(back.data());
+  EXPECT_EQ(back, master);
+  bf.ops->to_float(copy.data(), bf.model.weights(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i])));
+}
+
+TEST(MixedPrecision, LossAndGradientsMatchFp32UpToBf16Rounding) {
+  Trainee bf(test_support::make_bf16_cpu_ops()), fp(ops::make_cpu_ops(1));
+  const ModelConfig m = small_model();
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 11), tg = tokens(2 * m.seq_len, m.vocab_size, 12);
+  std::vector<float> g_bf, g_fp;
+  const float l_bf = bf.loss_and_grads(in, tg, &g_bf), l_fp = fp.loss_and_grads(in, tg, &g_fp);
+  EXPECT_NEAR(l_bf, l_fp, 1e-2 * l_fp);
+  ASSERT_TRUE(std::isfinite(dot(g_bf, g_bf)));
+  const double cosine = dot(g_bf, g_fp) / std::sqrt(dot(g_bf, g_bf) * dot(g_fp, g_fp));
+  EXPECT_GT(cosine, 0.999);
+  EXPECT_NEAR(std::sqrt(dot(g_bf, g_bf)), std::sqrt(dot(g_fp, g_fp)), 2e-2 * std::sqrt(dot(g_fp, g_fp)));
+}
+
+TEST(MixedPrecision, TrainsLikeFp32AndKeepsTheCopyInStep) {
+  Trainee bf(test_support::make_bf16_cpu_ops()), fp(ops::make_cpu_ops(1));
+  const ModelConfig m = small_model();
+  TrainConfig t;
+  t.weight_decay = 0.1;
+  AdamW opt_bf(*bf.ops, bf.model.layout(), t), opt_fp(*fp.ops, fp.model.layout(), t);
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 21), tg = tokens(2 * m.seq_len, m.vocab_size, 22);
+  std::vector<float> g;
+  float first = 0, last_bf = 0, last_fp = 0;
+  for (int step = 1; step <= 30; ++step) {
+    last_bf = bf.loss_and_grads(in, tg, &g);
+    last_fp = fp.loss_and_grads(in, tg, &g);
+    if (step == 1) first = last_fp;
+    opt_bf.step(bf.model.params(), bf.model.weights(), bf.model.grads(), 3e-3f, 1.0f, step);
+    opt_fp.step(fp.model.params(), nullptr, fp.model.grads(), 3e-3f, 1.0f, step);
+  }
+  EXPECT_LT(last_fp, 0.5f * first);  // it memorises the batch
+  EXPECT_NEAR(last_bf, last_fp, 0.05 * first);
+  const size_t n = bf.model.layout().total_floats();
+  std::vector<float> master(n), copy(n);
+  bf.model.read_params(master.data());
+  bf.ops->to_float(copy.data(), bf.model.weights(), n);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+}
+
+}  // namespace
+}  // namespace pptrain
