@@ -142,7 +142,7 @@ int threads_for(int packs) { return packs >= kMaxThreads ? kMaxThreads : (packs 
 
 void check_sizes(const char* op, int vocab_begin, int vocab_rows, int B, int T_, int C) {
   require(vocab_begin >= 0 && vocab_rows >= 0 && B >= 0 && T_ >= 0 && C >= 0, op, "negative size");
-  require(static_cast<long long>(B) * T_ <= (1LL << 31) - 1, op, "B*T exceeds int");
+  require(static_cast<long long>(B) * T_ < (1LL << 30), op, "B*T too large");
 }
 
 template <typename T, int W>
