@@ -91,6 +91,32 @@ int PipelineExecutor::peer_for(Op op, int chunk, int* peer_chunk) const {
   return pp_ranks_[size_t(next_stage)];
 }
 
+bool PipelineExecutor::is_receive(Op op) { return op == Op::RecvForward || op == Op::RecvBackward; }
+
+// The message of a send or receive action, on the buffers of its activation set.
+comm::Transfer PipelineExecutor::transfer(const Action& a) {
+  int peer_chunk = 0;
+  const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+  GptModel::Activations& acts = acquire({a.microbatch, a.chunk});
+  const std::size_t bytes = model_.boundary_bytes();
+  switch (a.op) {
+    case Op::RecvForward:
+      return {comm::Transfer::Recv, peer, model_.input_buffer(acts), bytes,
+              tag(a.microbatch, a.chunk, false)};
+    case Op::RecvBackward:
+      return {comm::Transfer::Recv, peer, model_.output_grad(acts), bytes,
+              tag(a.microbatch, a.chunk, true)};
+    case Op::SendForward:
+      return {comm::Transfer::Send, peer, model_.output(acts), bytes,
+              tag(a.microbatch, peer_chunk, false)};
+    case Op::SendBackward:
+      return {comm::Transfer::Send, peer, model_.input_grad(acts), bytes,
+              tag(a.microbatch, peer_chunk, true)};
+    default:
+      throw std::logic_error("transfer: not a send or receive");
+  }
+}
+
 // Tags name the message by the receiving side's (microbatch, chunk) and direction.
 int PipelineExecutor::tag(int microbatch, int chunk, bool backward) const {
   return ((microbatch * v_ + chunk) * 2 + (backward ? 1 : 0)) % 32768;
@@ -101,21 +127,19 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
                                            const std::function<void(int)>& chunk_done) {
   PipelineStats stats;
   const auto start = Clock::now();
-  const std::size_t act = model_.boundary_bytes();
   std::vector<int> weights_done(size_t(v_), 0);
-  for (const Action& a : actions_) {
+  for (std::size_t i = 0; i < actions_.size(); ++i) {
+    const Action& a = actions_[i];
     const Key key{a.microbatch, a.chunk};
     const ChunkSpec& spec = model_.partition().chunks[size_t(a.chunk)];
     const auto t0 = Clock::now();
-    int peer_chunk = 0;
     bool compute = false;
+    const Action* paired = nullptr;  // a receive run in the same batch as this send
     switch (a.op) {
-      case Op::RecvForward: {
-        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        world_.exchange({{comm::Transfer::Recv, peer, model_.input_buffer(acquire(key)), act,
-                          tag(a.microbatch, a.chunk, false)}});
+      case Op::RecvForward:
+      case Op::RecvBackward:
+        world_.exchange({transfer(a)});
         break;
-      }
       case Op::Forward: {
         GptModel::Activations& acts = acquire(key);
         if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
@@ -124,32 +148,30 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
         compute = true;
         break;
       }
-      case Op::SendForward: {
-        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        ops::Act* out = model_.output(acquire(key));
-        sends_[key].push_back(world_.exchange_start(
-            {{comm::Transfer::Send, peer, out, act, tag(a.microbatch, peer_chunk, false)}}));
-        break;
-      }
-      case Op::RecvBackward: {
-        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        world_.exchange({{comm::Transfer::Recv, peer, model_.output_grad(acquire(key)), act,
-                          tag(a.microbatch, a.chunk, true)}});
+      case Op::SendForward:
+      case Op::SendBackward: {
+        // A send followed by a receive from the same neighbour (1F1B's steady state) goes
+        // out as one batch: with NCCL, a lone send on a stream can wait for a receive the
+        // peer has queued behind its own send, and both stages would hang.
+        const comm::Transfer send = transfer(a);
+        int unused = 0;
+        if (i + 1 < actions_.size() && is_receive(actions_[i + 1].op) &&
+            peer_for(actions_[i + 1].op, actions_[i + 1].chunk, &unused) == send.peer) {
+          paired = &actions_[++i];
+          world_.exchange({send, transfer(*paired)});
+        } else {
+          sends_[key].push_back(world_.exchange_start({send}));
+        }
+        if (a.op == Op::SendBackward) {
+          gradient_sent_.insert(key);
+          if (weight_done_.count(key)) release(key);  // W already ran
+        }
         break;
       }
       case Op::BackwardInput:
         model_.backward_input(a.chunk, acquire(key));
         compute = true;
         break;
-      case Op::SendBackward: {
-        const int peer = peer_for(a.op, a.chunk, &peer_chunk);
-        ops::Act* grad = model_.input_grad(acquire(key));
-        sends_[key].push_back(world_.exchange_start(
-            {{comm::Transfer::Send, peer, grad, act, tag(a.microbatch, peer_chunk, true)}}));
-        gradient_sent_.insert(key);
-        if (weight_done_.count(key)) release(key);  // W already ran
-        break;
-      }
       case Op::BackwardWeight:
         model_.backward_weight(a.chunk, acquire(key));
         compute = true;
@@ -167,6 +189,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     (compute ? stats.compute_s : stats.wait_s) += s;
     stats.peak_activations = std::max(stats.peak_activations, int(live_.size() + draining_.size()));
     if (on_action) on_action(a, t0, t1);
+    if (on_action && paired) on_action(*paired, t0, t1);
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
   const auto d0 = Clock::now();

@@ -65,6 +65,8 @@ class PipelineExecutor {
   void recycle_sent();  // returns the draining sets whose sends have completed
   int peer_for(Op op, int chunk, int* peer_chunk) const;
   int tag(int microbatch, int chunk, bool backward) const;
+  static bool is_receive(Op op);
+  comm::Transfer transfer(const Action& a);
 
   GptModel& model_;
   comm::World& world_;
