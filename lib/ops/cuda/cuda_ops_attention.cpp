@@ -1,1 +1,119 @@
-// placeholder: being written
+// CUDA backend: causal self-attention, unfused. Heads are split into [B*NH, T, hs]
+// arrays, the two products per direction are strided batched cuBLASLt GEMMs over the
+// B*NH heads, and the causal softmax is a kernel. The saved state is the [B*NH, T, T]
+// softmax probabilities in the compute dtype. The scale 1/sqrt(hs) is applied once,
+// inside the softmax (forward) and its backward (which returns d(raw scores)).
+#include <cmath>
+
+#include "core/error.hpp"
+#include "ops/cuda/cuda_ops.hpp"
+
+namespace pptrain::ops {
+
+using cuda::typed;
+
+namespace {
+
+void check_shape(int B, int T, int C, int NH) {
+  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0, "attention: non-positive size");
+  PPTRAIN_CHECK(C % NH == 0, "attention: C must be a multiple of NH");
+}
+
+// A product batched over the B*NH heads: C[M,N] = op(A) op(B) per head, dense
+// per-head matrices one after the other.
+cuda::GemmProblem head_product(bool trans_a, bool trans_b, int M, int N, int K, int heads,
+                               DType t) {
+  cuda::GemmProblem p;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.M = M, p.N = N, p.K = K;
+  p.batch = heads;
+  p.stride_a = int64_t(M) * K;
+  p.stride_b = int64_t(K) * N;
+  p.stride_c = int64_t(M) * N;
+  p.ab = p.cd = t;
+  return p;
+}
+
+}  // namespace
+
+std::size_t CudaOps::attention_state_bytes(int B, int T, int NH) const {
+  return std::size_t(B) * NH * T * T * dtype_size(dtype_);
+}
+
+void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
+                                int NH) {
+  check_shape(B, T, C, NH);
+  const int hs = C / NH;
+  const int BH = B * NH;
+  const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y
+  const float scale = 1.0f / std::sqrt(float(hs));
+  auto* ws = static_cast<Act*>(workspace(4 * n * dtype_size(dtype_)));
+  Act* q = ws;
+  Act* k = advance(q, n, dtype_);
+  Act* v = advance(k, n, dtype_);
+  Act* y = advance(v, n, dtype_);
+  Act* att = static_cast<Act*>(state);
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
+                         stream());
+  });
+  // att = q @ k^T (raw scores), then in place softmax(scale * scores) with causal mask.
+  gemm_.run(head_product(false, true, T, T, hs, BH, dtype_), 1.0f, {q, k, att}, 0.0f, stream());
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::causal_softmax_forward<E>(typed<E>(att), scale, BH, T, stream());
+  });
+  // y = att @ v, then heads back to [B,T,C].
+  gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {att, v, y}, 0.0f, stream());
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::merge_heads<E>(typed<E>(out), typed<E>(y), B, T, NH, hs, stream());
+  });
+}
+
+void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state,
+                                 int B, int T, int C, int NH) {
+  check_shape(B, T, C, NH);
+  const int hs = C / NH;
+  const int BH = B * NH;
+  const std::size_t n = std::size_t(B) * T * C;
+  const std::size_t tt = std::size_t(BH) * T * T;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  // q, k, v, dy, dq, dk, dv ([BH,T,hs] each) and datt [BH,T,T].
+  auto* ws = static_cast<Act*>(workspace((7 * n + tt) * dtype_size(dtype_)));
+  Act* q = ws;
+  Act* k = advance(q, n, dtype_);
+  Act* v = advance(k, n, dtype_);
+  Act* dy = advance(v, n, dtype_);
+  Act* dq = advance(dy, n, dtype_);
+  Act* dk = advance(dq, n, dtype_);
+  Act* dv = advance(dk, n, dtype_);
+  Act* datt = advance(dv, n, dtype_);
+  const Act* att = static_cast<const Act*>(state);
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
+                         stream());
+    cuda::split_heads_grad<E>(typed<E>(dy), typed<E>(dout), B, T, NH, hs, stream());
+  });
+  // dv = att^T @ dy; datt = dy @ v^T.
+  gemm_.run(head_product(true, false, T, hs, T, BH, dtype_), 1.0f, {att, dy, dv}, 0.0f, stream());
+  gemm_.run(head_product(false, true, T, T, hs, BH, dtype_), 1.0f, {dy, v, datt}, 0.0f, stream());
+  // datt becomes d(raw scores) = scale * p * (datt - sum_j p_j datt_j), 0 above the diagonal.
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::causal_softmax_backward<E>(typed<E>(datt), typed<E>(att), scale, BH, T, stream());
+  });
+  // dq = dscores @ k; dk = dscores^T @ q.
+  gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {datt, k, dq}, 0.0f, stream());
+  gemm_.run(head_product(true, false, T, hs, T, BH, dtype_), 1.0f, {datt, q, dk}, 0.0f, stream());
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
+    cuda::merge_qkv_grad<E>(typed<E>(dqkv), typed<E>(dq), typed<E>(dk), typed<E>(dv), B, T, NH, hs,
+                            stream());
+  });
+}
+
+}  // namespace pptrain::ops

@@ -1,0 +1,137 @@
+// The CUDA backend's class. Private to lib/ops (and its tests): the rest of the code
+// base sees only pptrain::ops::Ops and make_cuda_ops. Every op is queued on one
+// compute stream (native_stream()); matrix products go through cuBLASLt (gemm.hpp),
+// everything else through the launchers of kernels.hpp, instantiated for the compute
+// dtype (float or bf16). The bodies are in cuda_ops.cpp and, for attention,
+// cuda_ops_attention.cpp. Like every backend object it must not be called from two
+// threads at once; the calling thread must have this device current (the constructor
+// makes it current on the constructing thread).
+#pragma once
+#include <cstddef>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/cuda/cuda_raii.hpp"
+#include "ops/cuda/gemm.hpp"
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace pptrain::ops {
+
+namespace cuda {
+// An Act array seen as its concrete element type T (float or bf16).
+template <typename T>
+T* typed(Act* p) {
+  return reinterpret_cast<T*>(p);
+}
+template <typename T>
+const T* typed(const Act* p) {
+  return reinterpret_cast<const T*>(p);
+}
+}  // namespace cuda
+
+class CudaOps final : public Ops {
+ public:
+  // fuse_epilogues: fold bias and bias+GELU into the cuBLASLt product where cuBLASLt
+  // offers it (otherwise a plain product and own kernels, as when it does not).
+  CudaOps(int device, DType compute, bool fuse_epilogues = true);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  std::string name() const override;
+  DType compute_dtype() const override { return dtype_; }
+  bool device_memory() const override { return true; }
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  void upload(void* dst, const void* host_src, std::size_t bytes) override;
+  void download(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void fill_zero(void* dst, std::size_t bytes) override;
+  void synchronize() override;
+  void* native_stream() override { return stream_.get(); }
+  std::size_t peak_memory_bytes() const override { return peak_bytes_; }
+  std::string device_model() const override { return device_model_; }
+
+  void to_compute(Act* dst, const float* src, std::size_t n) override;
+  void to_float(float* dst, const Act* src, std::size_t n) override;
+  double sum_squares(const std::vector<Span>& spans) override;
+  void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
+             const AdamWStep& h) override;
+
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
+            const Act* B, float beta, Act* C) override;
+  void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias, int N,
+                      int Cin, int Cout) override;
+  void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
+                          int Cout) override;
+  void add_bias(Act* out, const Act* bias, int N, int C) override;
+  void bias_backward(float* dbias, const Act* dout, int N, int C) override;
+
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
+                         const Act* b, int N, int C) override;
+  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                                const float* mean, const float* rstd, int N, int C) override;
+  void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
+                                 const float* mean, const float* rstd, int N, int C) override;
+  void gelu_forward(Act* out, const Act* inp, std::size_t n) override;
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
+
+  std::size_t attention_state_bytes(int B, int T, int NH) const override;
+  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
+                         int NH) override;
+  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state, int B,
+                          int T, int C, int NH) override;
+
+  void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
+                         int vocab_rows, const Act* wpe, int B, int T, int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
+                          int vocab_begin, int vocab_rows, int B, int T, int C) override;
+  void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets, int N,
+                     int V, int Vp, float dloss) override;
+  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) override;
+  void ce_partial_sums(float* stats, const Act* logits, const float* rowmax, const int32_t* targets,
+                       int N, int Vl, int col_begin, int V) override;
+  void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
+                 const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
+                 float dloss) override;
+
+  void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
+  void accumulate(float* dst, const float* src, std::size_t n) override;
+
+  // The cuBLASLt wrapper (for tests: its plan cache).
+  cuda::Gemm& gemm_engine() { return gemm_; }
+
+ private:
+  template <typename T>
+  struct TypeTag {
+    using type = T;
+  };
+  // Calls f(TypeTag<float>{}) or f(TypeTag<bf16>{}) by the compute dtype.
+  template <typename F>
+  void with_type(F&& f) const {
+    if (dtype_ == DType::BF16)
+      f(TypeTag<cuda::bf16>{});
+    else
+      f(TypeTag<float>{});
+  }
+  cudaStream_t stream() const { return stream_.get(); }
+  // At least `bytes` of scratch device memory, valid until the next call (grow-only;
+  // each op asks once, before queuing work on it).
+  void* workspace(std::size_t bytes);
+  void update_peak();
+
+  int device_;  // first: made current before the members below are created
+  DType dtype_;
+  bool fuse_epilogues_;
+  std::string device_model_;
+  cuda::Stream stream_;
+  cuda::Gemm gemm_;
+  cuda::DeviceMemory workspace_;
+  std::unordered_map<void*, std::size_t> allocations_;
+  std::size_t allocated_bytes_ = 0;
+  std::size_t peak_bytes_ = 0;
+};
+
+}  // namespace pptrain::ops
