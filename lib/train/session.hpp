@@ -26,6 +26,10 @@ void check_schedule(const Config& config);
 
 struct Session {
   explicit Session(const Config& config);
+  // The NCCL communicators go first: they run on the backend's stream.
+  ~Session() { comms.device.reset(); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
   bool logs() const { return rank == 0; }  // rank 0 logs and writes run files
   bool last_stage() const { return coord.pp == grid.pp() - 1; }
 
