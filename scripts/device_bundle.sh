@@ -29,7 +29,8 @@ cmake_bin=${CMAKE:-cmake}
 bundle=.device-bundle
 
 echo "== configure $build (Release, CUDA, sm_90a)"
-log=$build.configure.log
+mkdir -p "$build"
+log=$build/configure.log
 if ! "$cmake_bin" -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPPTRAIN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DPPTRAIN_BUILD_TESTS=ON >"$log" 2>&1; then
   grep -A4 "CMake Error" "$log" | head -30
