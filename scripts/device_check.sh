@@ -213,7 +213,7 @@ for line in open(os.path.join(out, "torch.log"), errors="replace"):
         except ValueError:
             pass
 
-rows = []
+rows, own_mfu = [], False
 for m in models:
     path = os.path.join(out, f"metrics_{m}.jsonl")
     recs = []
@@ -221,15 +221,13 @@ for m in models:
         recs = [json.loads(l) for l in open(path) if l.strip()]
     timed = [r for r in recs if r.get("step", 0) > warmup]
     tok = med(timed, "tokens_per_s")
-    mfu = med(timed, "mfu")
+    mfu = med(timed, "mfu")  # pptrain's own, from its peak table or train.peak_tflops
+    own_mfu = own_mfu or bool(mfu)
     if not mfu and med(timed, "tflops_per_rank") is not None and peak > 0:
         mfu = med(timed, "tflops_per_rank") / peak
     mem = None
-    for key, scale in (("peak_memory_gib", 1), ("peak_mem_gib", 1),
-                       ("peak_memory_bytes", 2**-30), ("peak_memory_mib", 1 / 1024)):
-        if timed and key in timed[-1]:
-            mem = f"{max(r[key] for r in timed) * scale:.1f} GiB"
-            break
+    if any("peak_device_mib" in r for r in timed):  # the backend's most allocated
+        mem = f"{max(r.get('peak_device_mib', 0) for r in timed) / 1024:.1f} GiB"
     smi = os.path.join(out, f".smi_{m}")
     if mem is None and os.path.exists(smi) and open(smi).read().strip():
         mem = f"{float(open(smi).read()) / 1024:.1f} GiB (smi)"
@@ -240,7 +238,8 @@ for m in models:
     print(f"{m}: {len(timed)} timed steps of {len(recs)}; torch: "
           f"{json.dumps({k: torch.get(m, {}).get(k) for k in ('mfu', 'peak_mem_gib', 'step_ms')})}")
 
-print(f"\nMFU against {peak:g} TFLOP/s (dense bf16); medians of steps > {warmup}; "
+basis = "as pptrain reports it" if own_mfu else f"against {peak:g} TFLOP/s"
+print(f"\nMFU {basis} (dense bf16 peak); medians of steps > {warmup}; "
       f"ratio = pptrain / torch tokens/s")
 head = ("model", "pptrain tok/s", "MFU", "peak mem", "torch tok/s", "ratio")
 width = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
