@@ -16,7 +16,7 @@
 #   BUILD_DIR=DIR      build directory (default build-device)
 #   TEST_PATTERN=RE    extended regex on test program names to bundle
 #                      (default: names with cuda, nccl or gpu in them)
-#   BUNDLE_LIMIT_MIB=N size above which files are compressed (default 56)
+#   BUNDLE_LIMIT_MIB=N size above which files are compressed (default 32)
 #   CMAKE=PATH         the cmake to use (CUDA 20 with nvcc 13 needs a newer CMake than
 #                      Debian 12's 3.25: e.g. `pip install cmake` in a virtual env)
 set -euo pipefail
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/.."
 jobs=${JOBS:-1}
 build=${BUILD_DIR:-build-device}
 pattern=${TEST_PATTERN:-cuda|nccl|gpu}
-limit_mib=${BUNDLE_LIMIT_MIB:-56}
+limit_mib=${BUNDLE_LIMIT_MIB:-32}
 cmake_bin=${CMAKE:-cmake}
 bundle=.device-bundle
 
@@ -45,7 +45,8 @@ fi
 
 # Test executables are the linked targets tests/<dir>/test_*; keep the CUDA ones.
 mapfile -t test_targets < <(ninja -C "$build" -t targets all |
-  sed -n 's|^\(tests/[^:]*/test_[^/:.]*\): .*EXECUTABLE_LINKER.*|\1|p' | grep -E "/[^/]*($pattern)[^/]*$" || true)
+  sed -n 's|^\(tests/[^:]*/test_[^/:.]*\): .*EXECUTABLE_LINKER.*|\1|p' |
+  grep -E "/[^/]*($pattern)[^/]*$" || true)
 echo "== build pptrain and ${#test_targets[@]} CUDA test program(s): ${test_targets[*]:-none}"
 ninja -C "$build" -j"$jobs" pptrain "${test_targets[@]}"
 
@@ -59,7 +60,9 @@ strip --strip-unneeded "$bundle/bin/"* "$bundle"/tests/* 2>/dev/null || true
 cp configs/bench-124m.yaml configs/bench-1b.yaml "$bundle/configs/"
 
 # Shared libraries from ldd, minus those the GPU machine has (or must use) its own of.
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libcuda\.so|libcudart\.so|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libnvJitLink)'
+system='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so'
+cuda='libcuda\.so|libcudart\.so|libcublas|libnccl|libnvidia|libnvrtc|libnvJitLink'
+skip="^($system|$cuda)"
 fallback='^(libstdc\+\+\.so|libgcc_s\.so)'
 for exe in "$bundle/bin/pptrain" "$bundle"/tests/*; do
   [ -f "$exe" ] || continue
@@ -82,10 +85,11 @@ fi
 echo "== $bundle:"
 (cd "$bundle" && find . -type f -printf '%s\t%p\n' | sort -k2 |
   awk -F'\t' '{printf "  %8.1f MiB  %s\n", $1 / 1048576, $2}')
-echo "total: $(du -sh --apparent-size "$bundle" | cut -f1) (the carry limit is 64 MiB for everything carried)"
+echo "total: $(du -sh --apparent-size "$bundle" | cut -f1)" \
+  "(the carry limit is 64 MiB for everything carried)"
 echo "not bundled, expected on the GPU machine:"
 for exe in "$bundle/bin/pptrain" "$bundle"/tests/*; do
   [ -f "$exe" ] && [[ $exe != *.xz ]] && ldd "$exe"
 done | awk '{print $1}' | sort -u | grep -E "$skip" |
-  grep -vE '^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl|libpthread|librt|libresolv)' |
+  grep -vE "^($system)" |
   sed 's/^/  /' || true

@@ -62,7 +62,8 @@ if [ -x "$bundle/bin/pptrain" ] || [ -f "$bundle/bin/pptrain.xz" ]; then
   bundle=$(cd "$bundle" && pwd)
   while IFS= read -r -d '' f; do  # large files travel xz-compressed
     xz -d -f "$f" 2>/dev/null ||
-      python3 -c 'import lzma, sys; p = sys.argv[1]; open(p[:-3], "wb").write(lzma.open(p).read())' "$f"
+      python3 -c 'import lzma, sys; p = sys.argv[1]
+open(p[:-3], "wb").write(lzma.open(p).read())' "$f"
     rm -f "$f"
   done < <(find "$bundle" -name '*.xz' -print0)
   chmod +x "$bundle"/bin/* "$bundle"/tests/* 2>/dev/null
@@ -132,7 +133,9 @@ if [ -n "$bin" ]; then
     export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$bundle/lib/fallback"
     say "using the bundled libstdc++/libgcc_s"
   fi
-  if ldd "$bin" 2>/dev/null | grep "not found"; then say "pptrain still misses libraries (above)"; fi
+  if ldd "$bin" 2>/dev/null | grep "not found"; then
+    say "pptrain still misses libraries (above)"
+  fi
 fi
 
 # ---- CUDA tests -------------------------------------------------------------------
@@ -164,7 +167,8 @@ for m in "${models[@]}"; do
   if over_budget; then say "pptrain $m: skipped (over the ${budget}s budget)"; continue; fi
   rm -f "$out/metrics_$m.jsonl"
   smi_log=$(mktemp)
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 >"$smi_log" 2>/dev/null &
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 \
+    >"$smi_log" 2>/dev/null &
   smi_pid=$!
   say "pptrain $m: $(steps_of "$m") steps"
   timeout "$(limit "$run_timeout")" "$bin" --config "configs/bench-$m.yaml" \

@@ -162,7 +162,8 @@ def main(argv):
     device = torch.device("cuda")
     padded_vocab = (args.vocab_size + 127) // 128 * 128
     model = build_model(torch, args, padded_vocab).to(device)
-    n_params = sum(p.numel() for p in model.parameters()) - (padded_vocab - args.vocab_size) * args.d_model
+    padding_rows = (padded_vocab - args.vocab_size) * args.d_model  # not counted
+    n_params = sum(p.numel() for p in model.parameters()) - padding_rows
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

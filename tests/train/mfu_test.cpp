@@ -39,8 +39,9 @@ TEST(PeakTable, LetterCaseDoesNotMatter) {
 }
 
 TEST(PeakTable, UnknownOrPartialNamesGiveZero) {
-  for (const char* name : {"", "cpu", "NVIDIA RTX A1000", "NVIDIA RTX A6000", "Tesla V100-SXM2-16GB",
-                           "NVIDIA H800", "NVIDIA L20", "AMD Instinct MI300X"})
+  for (const char* name : {"", "cpu", "NVIDIA RTX A1000", "NVIDIA RTX A6000",
+                           "Tesla V100-SXM2-16GB", "NVIDIA H800", "NVIDIA L20",
+                           "AMD Instinct MI300X"})
     EXPECT_EQ(dense_bf16_peak_tflops(name), 0.0) << name;
 }
 
