@@ -129,7 +129,8 @@ if [ -n "$bin" ]; then
   rm -f "$out/.missing"
   export LD_LIBRARY_PATH
   # The bundle's libstdc++/libgcc_s only when this machine's are too old for the binaries.
-  if ldd "$bin" 2>&1 | grep -q "not found" && [ -d "$bundle/lib/fallback" ]; then
+  if ldd "$bin" 2>&1 | grep -qE "(GLIBCXX|CXXABI|GCC)_[0-9.]+' not found" &&
+    [ -d "$bundle/lib/fallback" ]; then
     export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$bundle/lib/fallback"
     say "using the bundled libstdc++/libgcc_s"
   fi
