@@ -17,8 +17,7 @@
 #   TEST_PATTERN=RE    extended regex on test program names to bundle
 #                      (default: names with cuda, nccl or gpu in them)
 #   BUNDLE_LIMIT_MIB=N size above which files are compressed (default 32)
-#   CMAKE=PATH         the cmake to use (CUDA 20 with nvcc 13 needs a newer CMake than
-#                      Debian 12's 3.25: e.g. `pip install cmake` in a virtual env)
+#   CMAKE=PATH         the cmake to use (default: cmake on the PATH)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-1}
