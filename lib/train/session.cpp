@@ -15,13 +15,19 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
   const std::string& device = config.device;
   const int gpus = ops::cuda_device_count();
   const bool cuda = device == "cuda" || (device == "auto" && gpus > 0);
-  if (!cuda) return ops::make_cpu_ops(config.train.threads);
+  if (!cuda) {
+    if (config.train.precision == "bf16")
+      throw InputError(config.source_path +
+                       ": train.precision: bf16 needs a CUDA device, and device: auto found none");
+    return ops::make_cpu_ops(config.train.threads);
+  }
   if (!ops::cuda_backend_built())
     throw InputError(config.source_path +
-                     ": device: cuda is not available in this build (CPU backend only); use "
-                     "device: cpu or auto");
+                     ": device: cuda, but this build has no CUDA backend (it was built without "
+                     "the CUDA toolkit); use device: cpu or auto");
   if (gpus == 0)
-    throw InputError(config.source_path + ": device: cuda, but no CUDA device is visible");
+    throw InputError(config.source_path +
+                     ": device: cuda, but no CUDA device is visible; use device: cpu or auto");
   const DType dtype = config.train.precision == "fp32" ? DType::F32 : DType::BF16;
   return ops::make_cuda_ops(local_rank % gpus, dtype);
 }

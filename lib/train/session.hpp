@@ -18,7 +18,8 @@ namespace pptrain {
 
 // The backend for config.device: "cpu"; "cuda" (InputError when this build has no CUDA
 // backend or no device is visible) on device local_rank modulo the device count, in
-// train.precision; "auto": CUDA when a device is visible, else the CPU.
+// train.precision; "auto": CUDA when a device is visible, else the CPU (where
+// train.precision: bf16 is an InputError).
 std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank = 0);
 
 // InputError when the schedule cannot run this layout (checked before any rank starts).

@@ -205,6 +205,7 @@ CASES = [
     ("V01", [], TRAIN + ["--set", "device=cuda"]),
     ("V02", [], ["{mpi}"] + TRAIN),
     ("V03", [], ["{mpi}"] + TRAIN + ["--set", "parallel.pp=2", "--set", "parallel.dp=2"]),
+    ("V04", [], TRAIN + ["--set", "device=auto", "--set", "train.precision=bf16"]),
 ]
 
 
