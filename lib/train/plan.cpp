@@ -3,6 +3,7 @@
 
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
 #include "train/session.hpp"
@@ -19,8 +20,15 @@ std::string describe_plan(const Config& c) {
   const ParamLayout layout = gpt_param_layout(m);
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
   const auto val = load_validation_tokens(c.data, m, c.train.seed);
+  // The backend the run would get on this machine, and its activation element size.
+  const int gpus = ops::cuda_device_count();
+  const bool cuda = c.device == "cuda" || (c.device == "auto" && gpus > 0);
+  const DType act_type = cuda && c.train.precision != "fp32" ? DType::BF16 : DType::F32;
   const double arena = double(layout.total_floats()) * sizeof(float);
-  const double acts = double(gpt_activation_floats(m, c.parallel.micro_batch_size)) * sizeof(float);
+  // The forward's weight copy, when it is not the fp32 master itself.
+  const double copy = act_type == DType::F32 ? 0.0 : double(layout.total_floats()) * 2;
+  const double acts =
+      double(gpt_activation_floats(m, c.parallel.micro_batch_size)) * double(dtype_size(act_type));
   const double flops_token = gpt_flops_per_token(m);
   const int64_t tokens = tokens_per_step(c);
   const auto& p = c.parallel;
@@ -64,10 +72,10 @@ std::string describe_plan(const Config& c) {
   line("FLOPs", fmt::format("{:.4g} per token, {:.4g} per step ({} steps: {:.4g} in all)",
                             flops_token, flops_token * double(tokens), c.train.steps,
                             flops_token * double(tokens) * c.train.steps));
-  line("memory", fmt::format("whole model: weights {}, gradients {}, optimizer state {}, "
+  line("memory", fmt::format("whole model: weights {}{}, gradients {}, optimizer state {}, "
                              "activations {} (one micro-batch); total {}",
-                             mib(arena), mib(arena), mib(2 * arena), mib(acts),
-                             mib(4 * arena + acts)));
+                             mib(arena), copy > 0 ? " + bf16 copy " + mib(copy) : "", mib(arena),
+                             mib(2 * arena), mib(acts), mib(4 * arena + copy + acts)));
   line("optimizer", fmt::format("AdamW lr {} -> {} ({}, {} warmup steps), weight decay {}, "
                                 "grad clip {}",
                                 c.train.lr, c.train.min_lr, c.train.lr_schedule,
@@ -80,7 +88,10 @@ std::string describe_plan(const Config& c) {
                           ? std::string("disabled")
                           : fmt::format("{} every {} steps, keep {}, resume '{}'", c.checkpoint.dir,
                                         c.checkpoint.every, c.checkpoint.keep, c.checkpoint.resume));
-  line("device", c.device == "auto" ? "auto (cpu: no CUDA backend in this build)" : c.device);
+  line("device", fmt::format("{}{}{}, {} activations", c.device == "auto" ? "auto -> " : "",
+                             cuda ? "cuda" : "cpu",
+                             cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
+                             dtype_name(act_type)));
   return out;
 }
 
