@@ -18,7 +18,7 @@
 namespace pptrain::ops::testing {
 
 class CudaOpsTest : public ::testing::TestWithParam<DType> {
- protected:
+ public:  // helpers of the tests below and of their free functions
   void SetUp() override {
     if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
     gpu = make_cuda_ops(0, dtype());

@@ -27,21 +27,31 @@ std::vector<int32_t> ids(std::size_t n, uint64_t seed, int bound) {
   return v;
 }
 
-TEST_P(CudaOpsModelTest, AttentionForwardAndBackward) {
-  EXPECT_EQ(gpu->attention_state_bytes(kB, kT, kNH),
-            std::size_t(kB) * kNH * kT * kT * dtype_size(dtype()));
-  const auto qkv = input(std::size_t(kN) * 3 * kC, 1), dout = input(std::size_t(kN) * kC, 2);
-  Buffer dqkv_in = act(qkv), ddout = act(dout), dout_fwd = act_nan(std::size_t(kN) * kC),
-         ddqkv = act_nan(qkv.size()), state(*gpu, gpu->attention_state_bytes(kB, kT, kNH));
-  std::vector<float> out(std::size_t(kN) * kC), dqkv(qkv.size()),
-      cstate(cpu->attention_state_bytes(kB, kT, kNH) / sizeof(float));
-  gpu->attention_forward(dout_fwd.act(), state.get(), dqkv_in.act(), kB, kT, kC, kNH);
-  cpu->attention_forward(ha(out), cstate.data(), ha(qkv), kB, kT, kC, kNH);
-  EXPECT_TRUE(all_close(read_act(dout_fwd, out.size()), out, tol(2e-2))) << "out";
-  gpu->attention_backward(ddqkv.act(), ddout.act(), dqkv_in.act(), state.get(), kB, kT, kC, kNH);
-  cpu->attention_backward(ha(dqkv), ha(dout), ha(qkv), cstate.data(), kB, kT, kC, kNH);
+// Attention forward and backward of shape (B, T, C, NH) against the CPU.
+void check_attention(CudaOpsModelTest& t, int B, int T, int C, int NH) {
+  const std::size_t N = std::size_t(B) * T;
+  Ops& gpu = *t.gpu;
+  Ops& cpu = *t.cpu;
+  EXPECT_EQ(gpu.attention_state_bytes(B, T, NH), std::size_t(B) * NH * T * T * dtype_size(t.dtype()));
+  const auto qkv = t.input(N * 3 * C, 1), dout = t.input(N * C, 2);
+  Buffer dqkv_in = t.act(qkv), ddout = t.act(dout), dout_fwd = t.act_nan(N * C),
+         ddqkv = t.act_nan(qkv.size()), state(gpu, gpu.attention_state_bytes(B, T, NH));
+  std::vector<float> out(N * C), dqkv(qkv.size()),
+      cstate(cpu.attention_state_bytes(B, T, NH) / sizeof(float));
+  gpu.attention_forward(dout_fwd.act(), state.get(), dqkv_in.act(), B, T, C, NH);
+  cpu.attention_forward(ha(out), cstate.data(), ha(qkv), B, T, C, NH);
+  EXPECT_TRUE(all_close(t.read_act(dout_fwd, out.size()), out, t.tol(2e-2))) << "out";
+  gpu.attention_backward(ddqkv.act(), ddout.act(), dqkv_in.act(), state.get(), B, T, C, NH);
+  cpu.attention_backward(ha(dqkv), ha(dout), ha(qkv), cstate.data(), B, T, C, NH);
   // bf16: probabilities, scores and their gradients are all rounded on the way.
-  EXPECT_TRUE(all_close(read_act(ddqkv, dqkv.size()), dqkv, tol(3e-2))) << "dqkv";
+  EXPECT_TRUE(all_close(t.read_act(ddqkv, dqkv.size()), dqkv, t.tol(3e-2))) << "dqkv";
+}
+
+TEST_P(CudaOpsModelTest, AttentionForwardAndBackward) { check_attention(*this, kB, kT, kC, kNH); }
+
+// T and head size multiples of 8: the kernels' 16-byte paths.
+TEST_P(CudaOpsModelTest, AttentionForwardAndBackwardWidePaths) {
+  check_attention(*this, 2, 64, 64, 4);
 }
 
 TEST_P(CudaOpsModelTest, VocabShardEmbeddingForwardAndBackward) {
