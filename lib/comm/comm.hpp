@@ -64,6 +64,12 @@ struct Transfer {
   int tag;
 };
 
+// "send to P tag T" / "recv from P tag T", for messages about a transfer.
+inline std::string describe(const Transfer& t) {
+  return (t.kind == Transfer::Send ? "send to " : "recv from ") + std::to_string(t.peer) +
+         " tag " + std::to_string(t.tag);
+}
+
 class World {
  public:
   virtual ~World() = default;

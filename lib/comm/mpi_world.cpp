@@ -13,12 +13,7 @@ namespace {
 std::string describe_transfers(const std::vector<Transfer>& batch,
                                const std::vector<std::size_t>& pending) {
   std::string s;
-  for (std::size_t i : pending) {
-    const Transfer& t = batch[i];
-    if (!s.empty()) s += ", ";
-    s += (t.kind == Transfer::Send ? "send to " : "recv from ") + std::to_string(t.peer) +
-         " tag " + std::to_string(t.tag);
-  }
+  for (std::size_t i : pending) s += (s.empty() ? "" : ", ") + describe(batch[i]);
   return s;
 }
 

@@ -22,11 +22,7 @@ namespace {
 
 std::string describe_transfers(const std::vector<Transfer>& batch) {
   std::string s;
-  for (const Transfer& t : batch) {
-    if (!s.empty()) s += ", ";
-    s += (t.kind == Transfer::Send ? "send to " : "recv from ") + std::to_string(t.peer) +
-         " tag " + std::to_string(t.tag);
-  }
+  for (const Transfer& t : batch) s += (s.empty() ? "" : ", ") + describe(t);
   return s;
 }
 

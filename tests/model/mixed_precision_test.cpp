@@ -51,6 +51,16 @@ struct Trainee {
   GptModel model;
 };
 
+// The bf16 weight copy must hold exactly the master rounded to bf16.
+void expect_copy_is_rounded_master(Trainee& t) {
+  const size_t n = t.model.layout().total_floats();
+  std::vector<float> master(n), copy(n);
+  t.model.read_params(master.data());
+  t.ops->to_float(copy.data(), t.model.weights(), n);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+}
+
 double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
@@ -65,20 +75,14 @@ TEST(MixedPrecision, Bf16HasAWeightCopyAndFp32DoesNot) {
 
 TEST(MixedPrecision, WeightCopyIsTheRoundedMaster) {
   Trainee bf(test_support::make_bf16_cpu_ops());
-  const size_t n = bf.model.layout().total_floats();
-  std::vector<float> master(n), copy(n);
-  bf.model.read_params(master.data());
-  bf.ops->to_float(copy.data(), bf.model.weights(), n);
-  for (size_t i = 0; i < n; ++i)
-    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+  expect_copy_is_rounded_master(bf);
   // Master values that bf16 cannot hold stay exact in the master.
-  for (size_t i = 0; i < n; ++i) master[i] = 1.0f + float(i % 7) * 1e-4f;
+  std::vector<float> master(bf.model.layout().total_floats()), back(master.size());
+  for (size_t i = 0; i < master.size(); ++i) master[i] = 1.0f + float(i % 7) * 1e-4f;
   bf.model.write_params(master.data());
-  std::vector<float> back(n);
   bf.model.read_params(back.data());
   EXPECT_EQ(back, master);
-  bf.ops->to_float(copy.data(), bf.model.weights(), n);
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i])));
+  expect_copy_is_rounded_master(bf);
 }
 
 TEST(MixedPrecision, LossAndGradientsMatchFp32UpToBf16Rounding) {
@@ -112,12 +116,7 @@ TEST(MixedPrecision, TrainsLikeFp32AndKeepsTheCopyInStep) {
   }
   EXPECT_LT(last_fp, 0.5f * first);  // it memorises the batch
   EXPECT_NEAR(last_bf, last_fp, 0.05 * first);
-  const size_t n = bf.model.layout().total_floats();
-  std::vector<float> master(n), copy(n);
-  bf.model.read_params(master.data());
-  bf.ops->to_float(copy.data(), bf.model.weights(), n);
-  for (size_t i = 0; i < n; ++i)
-    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+  expect_copy_is_rounded_master(bf);
 }
 
 }  // namespace
