@@ -224,7 +224,8 @@ std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
 bool cuda_backend_built();
 int cuda_device_count();
 // The CUDA backend on device `device` with activations and weight copy in `compute`
-// (BF16 or F32). Throws std::runtime_error when this build has no CUDA backend.
-std::unique_ptr<Ops> make_cuda_ops(int device, DType compute);
+// (BF16 or F32). flash_attention: fused attention kernels (used in bf16 only; their
+// state is smaller). Throws std::runtime_error when this build has no CUDA backend.
+std::unique_ptr<Ops> make_cuda_ops(int device, DType compute, bool flash_attention = false);
 
 }  // namespace pptrain::ops

@@ -1,16 +1,21 @@
 // The CUDA backend against the CPU reference, for fp32 and bf16 compute: attention
-// forward and backward, the vocab-parallel embedding, cross-entropy and its three
-// vocab-parallel phases. Small odd shapes. Skips without a CUDA device.
+// forward and backward (unfused, and fused with flash_attention on), the
+// vocab-parallel embedding, cross-entropy and its three vocab-parallel phases. Small
+// odd shapes. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/random.hpp"
 #include "cuda_ops_fixture.hpp"
+#include "ops/cuda/cuda_ops.hpp"
 
 namespace pptrain::ops::testing {
 namespace {
@@ -27,31 +32,100 @@ std::vector<int32_t> ids(std::size_t n, uint64_t seed, int bound) {
   return v;
 }
 
-// Attention forward and backward of shape (B, T, C, NH) against the CPU.
-void check_attention(CudaOpsModelTest& t, int B, int T, int C, int NH) {
+// host in the GPU's memory as the compute dtype, starting `skip` elements into the
+// returned buffer (an odd skip leaves it without 16-byte alignment).
+Buffer act_at(CudaOpsModelTest& t, const std::vector<float>& host, int skip) {
+  const Buffer staging = t.f32(host);
+  Buffer b(*t.gpu, (host.size() + skip) * dtype_size(t.dtype()));
+  t.gpu->to_compute(advance(b.act(), skip, t.dtype()), staging.f32(), host.size());
+  return b;
+}
+
+// The unfused attention's state: the probabilities in the compute dtype.
+std::size_t unfused_state(const CudaOpsModelTest& t, int B, int T, int NH) {
+  return std::size_t(B) * NH * T * T * dtype_size(t.dtype());
+}
+
+// Attention forward and backward of shape (B, T, C, NH) on t.gpu against the CPU; the
+// GPU's state is expected to take state_bytes. qkv and dout sit `skip` elements into
+// their buffers.
+void check_attention(CudaOpsModelTest& t, int B, int T, int C, int NH, std::size_t state_bytes,
+                     int skip = 0) {
   const std::size_t N = std::size_t(B) * T;
   Ops& gpu = *t.gpu;
   Ops& cpu = *t.cpu;
-  EXPECT_EQ(gpu.attention_state_bytes(B, T, NH), std::size_t(B) * NH * T * T * dtype_size(t.dtype()));
+  const DType dt = t.dtype();
+  EXPECT_EQ(gpu.attention_state_bytes(B, T, NH), state_bytes);
   const auto qkv = t.input(N * 3 * C, 1), dout = t.input(N * C, 2);
-  Buffer dqkv_in = t.act(qkv), ddout = t.act(dout), dout_fwd = t.act_nan(N * C),
-         ddqkv = t.act_nan(qkv.size()), state(gpu, gpu.attention_state_bytes(B, T, NH));
+  Buffer qkv_buf = act_at(t, qkv, skip), dout_buf = act_at(t, dout, skip),
+         dout_fwd = t.act_nan(N * C), ddqkv = t.act_nan(qkv.size()), state(gpu, state_bytes);
+  const Act* dqkv_in = advance(qkv_buf.act(), skip, dt);
+  const Act* ddout = advance(dout_buf.act(), skip, dt);
   std::vector<float> out(N * C), dqkv(qkv.size()),
       cstate(cpu.attention_state_bytes(B, T, NH) / sizeof(float));
-  gpu.attention_forward(dout_fwd.act(), state.get(), dqkv_in.act(), B, T, C, NH);
+  gpu.attention_forward(dout_fwd.act(), state.get(), dqkv_in, B, T, C, NH);
   cpu.attention_forward(ha(out), cstate.data(), ha(qkv), B, T, C, NH);
   EXPECT_TRUE(all_close(t.read_act(dout_fwd, out.size()), out, t.tol(2e-2))) << "out";
-  gpu.attention_backward(ddqkv.act(), ddout.act(), dqkv_in.act(), state.get(), B, T, C, NH);
+  gpu.attention_backward(ddqkv.act(), ddout, dqkv_in, state.get(), B, T, C, NH);
   cpu.attention_backward(ha(dqkv), ha(dout), ha(qkv), cstate.data(), B, T, C, NH);
   // bf16: probabilities, scores and their gradients are all rounded on the way.
   EXPECT_TRUE(all_close(t.read_act(ddqkv, dqkv.size()), dqkv, t.tol(3e-2))) << "dqkv";
 }
 
-TEST_P(CudaOpsModelTest, AttentionForwardAndBackward) { check_attention(*this, kB, kT, kC, kNH); }
+TEST_P(CudaOpsModelTest, AttentionForwardAndBackward) {
+  check_attention(*this, kB, kT, kC, kNH, unfused_state(*this, kB, kT, kNH));
+}
 
 // T and head size multiples of 8: the kernels' 16-byte paths.
 TEST_P(CudaOpsModelTest, AttentionForwardAndBackwardWidePaths) {
-  check_attention(*this, 2, 64, 64, 4);
+  check_attention(*this, 2, 64, 64, 4, unfused_state(*this, 2, 64, 4));
+}
+
+// flash_attention on: bf16 runs the fused kernels for head sizes 16..128 (state: the
+// rows' logsumexp) and the unfused fallback for others (12 here); fp32 keeps the
+// unfused path. T = 1, tails of a 64-row tile, one full tile, several tiles.
+TEST_P(CudaOpsModelTest, FlashAttentionForwardAndBackward) {
+  gpu = std::make_unique<CudaOps>(0, dtype(), /*fuse_epilogues=*/true, /*flash_attention=*/true);
+  EXPECT_EQ(gpu->name().find("fused attention") != std::string::npos, bf16()) << gpu->name();
+  const int B = 2;
+  for (int hs : {16, 32, 64, 128, 12}) {
+    for (int T : {1, 37, 64, 200}) {
+      const int NH = hs == 128 ? 2 : (hs == 64 ? 3 : 4);
+      SCOPED_TRACE("hs=" + std::to_string(hs) + " T=" + std::to_string(T));
+      const std::size_t state =
+          bf16() ? std::size_t(B) * NH * T * sizeof(float) : unfused_state(*this, B, T, NH);
+      check_attention(*this, B, T, NH * hs, NH, state);
+    }
+  }
+  SCOPED_TRACE("qkv and dout without 16-byte alignment");
+  check_attention(*this, B, 37, 2 * 64, 2,
+                  bf16() ? std::size_t(B) * 2 * 37 * sizeof(float) : unfused_state(*this, B, 37, 2),
+                  /*skip=*/1);
+}
+
+// The fused kernels give the same bits every run (no atomics).
+TEST_P(CudaOpsModelTest, FlashAttentionIsDeterministic) {
+  if (!bf16()) GTEST_SKIP() << "the fused kernels run in bf16 only";
+  gpu = std::make_unique<CudaOps>(0, dtype(), /*fuse_epilogues=*/true, /*flash_attention=*/true);
+  const int B = 2, T = 200, NH = 2, C = NH * 64;
+  const std::size_t N = std::size_t(B) * T;
+  Buffer qkv = act(input(N * 3 * C, 1)), dout = act(input(N * C, 2)),
+         state(*gpu, gpu->attention_state_bytes(B, T, NH));
+  std::vector<float> first_out, first_dqkv;
+  for (int run = 0; run < 2; ++run) {
+    Buffer out = act_nan(N * C), dqkv = act_nan(N * 3 * C);
+    gpu->attention_forward(out.act(), state.get(), qkv.act(), B, T, C, NH);
+    gpu->attention_backward(dqkv.act(), dout.act(), qkv.act(), state.get(), B, T, C, NH);
+    std::vector<float> o = read_act(out, N * C), d = read_act(dqkv, N * 3 * C);
+    if (run == 0) {
+      first_out = std::move(o);
+      first_dqkv = std::move(d);
+      continue;
+    }
+    // memcmp: NaN-safe, bit for bit (the bf16 -> fp32 widening is exact).
+    EXPECT_EQ(std::memcmp(o.data(), first_out.data(), o.size() * sizeof(float)), 0) << "out";
+    EXPECT_EQ(std::memcmp(d.data(), first_dqkv.data(), d.size() * sizeof(float)), 0) << "dqkv";
+  }
 }
 
 TEST_P(CudaOpsModelTest, VocabShardEmbeddingForwardAndBackward) {

@@ -26,12 +26,21 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+int max_smem_optin(int device) {
+  int bytes = 0;
+  PPTRAIN_CUDA_CHECK(
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
 }  // namespace
 
-CudaOps::CudaOps(int device, DType compute, bool fuse_epilogues)
+CudaOps::CudaOps(int device, DType compute, bool fuse_epilogues, bool flash_attention)
     : device_(select_device(device)),
       dtype_(compute),
       fuse_epilogues_(fuse_epilogues),
+      flash_attention_(flash_attention),
+      max_smem_optin_(max_smem_optin(device)),
       device_model_(device_name(device)) {
   update_peak();
 }
@@ -44,7 +53,8 @@ CudaOps::~CudaOps() {
 }
 
 std::string CudaOps::name() const {
-  return "cuda:" + std::to_string(device_) + " " + device_model_ + " (" + dtype_name(dtype_) + ")";
+  return "cuda:" + std::to_string(device_) + " " + device_model_ + " (" + dtype_name(dtype_) +
+         (flash_active() ? ", fused attention" : "") + ")";
 }
 
 // ---- Memory ----
@@ -169,12 +179,12 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Ops> make_cuda_ops(int device, DType compute) {
+std::unique_ptr<Ops> make_cuda_ops(int device, DType compute, bool flash_attention) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count)
     throw std::runtime_error("CUDA device " + std::to_string(device) + " does not exist (" +
                              std::to_string(count) + " visible)");
-  return std::make_unique<CudaOps>(device, compute);
+  return std::make_unique<CudaOps>(device, compute, /*fuse_epilogues=*/true, flash_attention);
 }
 
 }  // namespace pptrain::ops

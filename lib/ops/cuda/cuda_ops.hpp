@@ -2,7 +2,8 @@
 // base sees only pptrain::ops::Ops and make_cuda_ops. Every op is queued on one
 // compute stream (native_stream()); matrix products go through cuBLASLt (gemm.hpp),
 // everything else through the launchers of kernels.hpp, instantiated for the compute
-// dtype (float or bf16). The bodies are in cuda_ops.cpp and, for attention,
+// dtype (float or bf16), and, when asked for, the fused attention kernels of
+// flash_attention.hpp. The bodies are in cuda_ops.cpp and, for attention,
 // cuda_ops_attention.cpp. Like every backend object it must not be called from two
 // threads at once; the calling thread must have this device current (the constructor
 // makes it current on the constructing thread).
@@ -35,7 +36,9 @@ class CudaOps final : public Ops {
  public:
   // fuse_epilogues: fold bias and bias+GELU into the cuBLASLt product where cuBLASLt
   // offers it (otherwise a plain product and own kernels, as when it does not).
-  CudaOps(int device, DType compute, bool fuse_epilogues = true);
+  // flash_attention: the fused attention kernels (bf16 only; an fp32 backend keeps
+  // the unfused path, the exactness reference). See cuda_ops_attention.cpp.
+  CudaOps(int device, DType compute, bool fuse_epilogues = true, bool flash_attention = false);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -117,6 +120,14 @@ class CudaOps final : public Ops {
       f(TypeTag<float>{});
   }
   cudaStream_t stream() const { return stream_.get(); }
+  // True when attention uses the fused kernels' state (the rows' logsumexp).
+  bool flash_active() const { return flash_attention_ && dtype_ == DType::BF16; }
+  // The unfused attention's pieces (cuda_ops_attention.cpp): q, k, v split into heads
+  // and att = causal softmax of the scaled scores; and the backward from there.
+  void attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T, int NH,
+                       int hs);
+  void attention_unfused_backward(Act* dqkv, const Act* dout, const Act* att, Act* q, Act* k,
+                                  Act* v, Act* ws, int B, int T, int NH, int hs);
   // At least `bytes` of scratch device memory, valid until the next call (grow-only;
   // each op asks once, before queuing work on it).
   void* workspace(std::size_t bytes);
@@ -125,6 +136,8 @@ class CudaOps final : public Ops {
   int device_;  // first: made current before the members below are created
   DType dtype_;
   bool fuse_epilogues_;
+  bool flash_attention_;
+  int max_smem_optin_;  // shared memory a block may opt into (bytes)
   std::string device_model_;
   cuda::Stream stream_;
   cuda::Gemm gemm_;

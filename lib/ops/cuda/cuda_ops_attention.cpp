@@ -1,12 +1,23 @@
-// CUDA backend: causal self-attention, unfused. Heads are split into [B*NH, T, hs]
+// CUDA backend: causal self-attention. Two implementations:
+//
+// Unfused (the default, and always in fp32): heads are split into [B*NH, T, hs]
 // arrays, the two products per direction are strided batched cuBLASLt GEMMs over the
 // B*NH heads, and the causal softmax is a kernel. The saved state is the [B*NH, T, T]
 // softmax probabilities in the compute dtype. The scale 1/sqrt(hs) is applied once,
 // inside the softmax (forward) and its backward (which returns d(raw scores)).
+//
+// Fused (flash_attention on and bf16 compute): the kernels of flash_attention.hpp,
+// reading qkv and writing out in place; the state is the rows' logsumexp, fp32
+// [B, NH, T]. Head sizes they do not handle (other than 16, 32, 64, 128, or a device
+// without the shared memory they need) take the unfused path with the probabilities
+// in workspace, recomputed by the backward, since the state is sized for the fused
+// kernels (attention_state_bytes does not see the head size). The choice depends only
+// on the head size and the device, so forward and backward always agree.
 #include <cmath>
 
 #include "core/error.hpp"
 #include "ops/cuda/cuda_ops.hpp"
+#include "ops/cuda/flash_attention.hpp"
 
 namespace pptrain::ops {
 
@@ -38,33 +49,48 @@ cuda::GemmProblem head_product(bool trans_a, bool trans_b, int M, int N, int K, 
 }  // namespace
 
 std::size_t CudaOps::attention_state_bytes(int B, int T, int NH) const {
+  if (flash_active()) return std::size_t(B) * NH * T * sizeof(float);
   return std::size_t(B) * NH * T * T * dtype_size(dtype_);
 }
 
-void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                                int NH) {
-  check_shape(B, T, C, NH);
-  const int hs = C / NH;
-  const int BH = B * NH;
-  const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y
+void CudaOps::attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T,
+                              int NH, int hs) {
   const float scale = 1.0f / std::sqrt(float(hs));
-  auto* ws = static_cast<Act*>(workspace(4 * n * dtype_size(dtype_)));
-  Act* q = ws;
-  Act* k = advance(q, n, dtype_);
-  Act* v = advance(k, n, dtype_);
-  Act* y = advance(v, n, dtype_);
-  Act* att = static_cast<Act*>(state);
   with_type([&](auto t) {
     using E = typename decltype(t)::type;
     cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
                          stream());
   });
   // att = q @ k^T (raw scores), then in place softmax(scale * scores) with causal mask.
-  gemm_.run(head_product(false, true, T, T, hs, BH, dtype_), 1.0f, {q, k, att}, 0.0f, stream());
+  gemm_.run(head_product(false, true, T, T, hs, B * NH, dtype_), 1.0f, {q, k, att}, 0.0f,
+            stream());
   with_type([&](auto t) {
     using E = typename decltype(t)::type;
-    cuda::causal_softmax_forward<E>(typed<E>(att), scale, BH, T, stream());
+    cuda::causal_softmax_forward<E>(typed<E>(att), scale, B * NH, T, stream());
   });
+}
+
+void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
+                                int NH) {
+  check_shape(B, T, C, NH);
+  const int hs = C / NH;
+  if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
+    cuda::flash_attention_forward(typed<cuda::bf16>(out), static_cast<float*>(state),
+                                  typed<cuda::bf16>(qkv), B, T, NH, hs, stream());
+    return;
+  }
+  // Unfused; with flash on (the fallback) the probabilities go to workspace, not state.
+  const bool recompute = flash_active();
+  const int BH = B * NH;
+  const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y
+  const std::size_t tt = std::size_t(BH) * T * T;
+  auto* ws = static_cast<Act*>(workspace((4 * n + (recompute ? tt : 0)) * dtype_size(dtype_)));
+  Act* q = ws;
+  Act* k = advance(q, n, dtype_);
+  Act* v = advance(k, n, dtype_);
+  Act* y = advance(v, n, dtype_);
+  Act* att = recompute ? advance(y, n, dtype_) : static_cast<Act*>(state);
+  attention_probs(att, q, k, v, qkv, B, T, NH, hs);
   // y = att @ v, then heads back to [B,T,C].
   gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {att, v, y}, 0.0f, stream());
   with_type([&](auto t) {
@@ -77,25 +103,53 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, con
                                  int B, int T, int C, int NH) {
   check_shape(B, T, C, NH);
   const int hs = C / NH;
-  const int BH = B * NH;
+  if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
+    void* ws = workspace(cuda::flash_attention_backward_workspace_bytes(B, T, NH, hs));
+    cuda::flash_attention_backward(typed<cuda::bf16>(dqkv), typed<cuda::bf16>(dout),
+                                   typed<cuda::bf16>(qkv), static_cast<const float*>(state), ws,
+                                   B, T, NH, hs, stream());
+    return;
+  }
+  const bool recompute = flash_active();  // the fallback: probabilities not in state
   const std::size_t n = std::size_t(B) * T * C;
-  const std::size_t tt = std::size_t(BH) * T * T;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  // q, k, v, dy, dq, dk, dv ([BH,T,hs] each) and datt [BH,T,T].
-  auto* ws = static_cast<Act*>(workspace((7 * n + tt) * dtype_size(dtype_)));
+  const std::size_t tt = std::size_t(B) * NH * T * T;
+  // q, k, v, then dy, dq, dk, dv ([BH,T,hs] each) and datt [BH,T,T]; then the
+  // recomputed probabilities [BH,T,T].
+  auto* ws = static_cast<Act*>(
+      workspace((7 * n + (recompute ? 2 * tt : tt)) * dtype_size(dtype_)));
   Act* q = ws;
   Act* k = advance(q, n, dtype_);
   Act* v = advance(k, n, dtype_);
-  Act* dy = advance(v, n, dtype_);
-  Act* dq = advance(dy, n, dtype_);
-  Act* dk = advance(dq, n, dtype_);
-  Act* dv = advance(dk, n, dtype_);
-  Act* datt = advance(dv, n, dtype_);
-  const Act* att = static_cast<const Act*>(state);
+  Act* rest = advance(v, n, dtype_);
+  if (recompute) {
+    Act* att = advance(rest, 4 * n + tt, dtype_);
+    attention_probs(att, q, k, v, qkv, B, T, NH, hs);
+    attention_unfused_backward(dqkv, dout, att, q, k, v, rest, B, T, NH, hs);
+    return;
+  }
   with_type([&](auto t) {
     using E = typename decltype(t)::type;
     cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
                          stream());
+  });
+  attention_unfused_backward(dqkv, dout, static_cast<const Act*>(state), q, k, v, rest, B, T, NH,
+                             hs);
+}
+
+// From the probabilities att and the split heads q, k, v; ws holds dy, dq, dk, dv
+// ([BH,T,hs] each) and datt [BH,T,T].
+void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* att, Act* q,
+                                         Act* k, Act* v, Act* ws, int B, int T, int NH, int hs) {
+  const int BH = B * NH;
+  const std::size_t n = std::size_t(B) * T * NH * hs;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  Act* dy = ws;
+  Act* dq = advance(dy, n, dtype_);
+  Act* dk = advance(dq, n, dtype_);
+  Act* dv = advance(dk, n, dtype_);
+  Act* datt = advance(dv, n, dtype_);
+  with_type([&](auto t) {
+    using E = typename decltype(t)::type;
     cuda::split_heads_grad<E>(typed<E>(dy), typed<E>(dout), B, T, NH, hs, stream());
   });
   // dv = att^T @ dy; datt = dy @ v^T.

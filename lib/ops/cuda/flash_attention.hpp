@@ -1,0 +1,35 @@
+// Launchers of the fused (flash-attention-style) causal self-attention, bf16 only:
+// tensor-core tiles, an online softmax in fp32, no [T,T] array in memory. q, k and v
+// are read in place from qkv[B,T,3,NH,hs] and the result written to out[B,T,NH*hs];
+// the only saved state is the logsumexp of each row's scaled scores, lse[B,NH,T]
+// (fp32). The backward recomputes what else it needs (see flash_attention_backward.cu).
+// Kernels in flash_attention.cu and flash_attention_backward.cu.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace pptrain::ops::cuda {
+
+// True when the fused kernels handle head size hs (16, 32, 64 or 128) on a device
+// whose blocks may opt into max_smem bytes of shared memory
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin). One answer for forward and backward.
+bool flash_attention_supported(int hs, int max_smem);
+
+// out[b,t,h,:] = sum_{s<=t} softmax_s(q_t . k_s / sqrt(hs)) v_s per head;
+// lse[(b*NH+h)*T+t] = log sum_{s<=t} exp(q_t . k_s / sqrt(hs)) (not written when null).
+void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
+                             int T, int NH, int hs, cudaStream_t s);
+
+// Bytes of device scratch flash_attention_backward needs.
+std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int hs);
+
+// dqkv[B,T,3,NH,hs] = gradient w.r.t. qkv (all of it overwritten) from dout[B,T,NH*hs],
+// qkv and the forward's lse; `workspace` holds the bytes asked for above. Deterministic
+// (no atomics).
+void flash_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                              const __nv_bfloat16* qkv, const float* lse, void* workspace, int B,
+                              int T, int NH, int hs, cudaStream_t s);
+
+}  // namespace pptrain::ops::cuda
