@@ -50,6 +50,8 @@ struct TrainConfig {
   // Activations and weight copy: auto (bf16 on CUDA, fp32 on the CPU) | bf16 | fp32.
   std::string precision = "auto";
   double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak
+  // CUDA bf16 attention: unfused (batched GEMMs around a softmax) | fused (flash-style).
+  std::string attention = "unfused";
 };
 
 struct DataConfig {

@@ -129,6 +129,7 @@ void validate_train(const TrainConfig& t, const Rules& r) {
   r.one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
   r.at_least("train.max_nonfinite", t.max_nonfinite, 1);
   r.one_of("train.precision", t.precision, {"auto", "bf16", "fp32"});
+  r.one_of("train.attention", t.attention, {"unfused", "fused"});
   r.non_negative("train.peak_tflops", t.peak_tflops);
 }
 
@@ -174,6 +175,10 @@ void validate(const Config& config, const Origins& origins) {
   if (config.train.precision == "bf16" && config.device == "cpu")
     rules.fail("train.precision", "bf16 needs device cuda or auto; the CPU backend computes in "
                                   "fp32 (got device cpu)");
+  if (config.train.attention == "fused" &&
+      (config.device == "cpu" || config.train.precision == "fp32"))
+    rules.fail("train.attention", "fused needs a CUDA device in bf16 (got device " +
+                                      config.device + ", precision " + config.train.precision + ")");
 }
 
 }  // namespace pptrain::config_detail

@@ -19,6 +19,9 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
     if (config.train.precision == "bf16")
       throw InputError(config.source_path +
                        ": train.precision: bf16 needs a CUDA device, and device: auto found none");
+    if (config.train.attention == "fused")
+      throw InputError(config.source_path +
+                       ": train.attention: fused needs a CUDA device, and device: auto found none");
     return ops::make_cpu_ops(config.train.threads);
   }
   if (!ops::cuda_backend_built())
@@ -29,7 +32,7 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
     throw InputError(config.source_path +
                      ": device: cuda, but no CUDA device is visible; use device: cpu or auto");
   const DType dtype = config.train.precision == "fp32" ? DType::F32 : DType::BF16;
-  return ops::make_cuda_ops(local_rank % gpus, dtype);
+  return ops::make_cuda_ops(local_rank % gpus, dtype, config.train.attention == "fused");
 }
 
 void check_schedule(const Config& c) {

@@ -100,6 +100,7 @@ Config non_default_config() {
   c.train.threads = 3;
   c.train.precision = "bf16";
   c.train.peak_tflops = 989.5;
+  c.train.attention = "fused";
   c.data = {"llmc", "data/train: #1 \"x\".bin", "~"};
   c.checkpoint = {"true", 100, 2, "123"};
   c.logging = {7, "null", "", {0, 5, 10}, "warn"};
@@ -122,7 +123,8 @@ TEST(ConfigRoundTrip, DefaultsRoundTripAndEveryKeyIsWritten) {
   expect_same_config(parse_config(text, "d.yaml"), defaults);
   for (const char* key : {"n_layer:", "micro_batch_size:", "eval_batches:", "val_path:",
                           "resume:", "trace_steps: []", "level:", "device: \"cpu\"",
-                          "precision: \"auto\"", "peak_tflops: 0"})
+                          "precision: \"auto\"", "peak_tflops: 0",
+                          "attention: \"unfused\""})
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
 }
 
@@ -200,7 +202,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 46);
+  EXPECT_EQ(keys, 47);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {
