@@ -26,7 +26,10 @@ warmup=${WARMUP:-5}
 budget=${BUDGET_S:-420}
 test_timeout=${TEST_TIMEOUT_S:-120}
 run_timeout=${RUN_TIMEOUT_S:-150}
-models=(124m 1b)
+# Runs: bench-<name>.yaml; a "-fused" suffix adds train.attention=fused to that config.
+models=(124m 1b 124m-fused)
+base_of() { echo "${1%-fused}"; }
+torch_models=(124m 1b)
 mkdir -p "$out"
 status=0
 
@@ -162,7 +165,7 @@ done
 [ "$failed_tests" -eq 0 ] || status=1
 
 # ---- pptrain training throughput ----------------------------------------------------
-steps_of() { sed -n 's/^  steps: *\([0-9]*\).*/\1/p' "configs/bench-$1.yaml" | head -1; }
+steps_of() { sed -n 's/^  steps: *\([0-9]*\).*/\1/p' "configs/bench-$(base_of "$1").yaml" | head -1; }
 for m in "${models[@]}"; do
   [ -n "$bin" ] || break
   if over_budget; then say "pptrain $m: skipped (over the ${budget}s budget)"; continue; fi
@@ -172,8 +175,10 @@ for m in "${models[@]}"; do
     >"$smi_log" 2>/dev/null &
   smi_pid=$!
   say "pptrain $m: $(steps_of "$m") steps"
-  timeout "$(limit "$run_timeout")" "$bin" --config "configs/bench-$m.yaml" \
-    --set logging.metrics="$out/metrics_$m.jsonl" >"$out/pptrain_$m.log" 2>&1
+  extra=()
+  [ "$m" != "$(base_of "$m")" ] && extra=(--set train.attention=fused)
+  timeout "$(limit "$run_timeout")" "$bin" --config "configs/bench-$(base_of "$m").yaml" \
+    --set logging.metrics="$out/metrics_$m.jsonl" "${extra[@]}" >"$out/pptrain_$m.log" 2>&1
   rc=$?
   kill "$smi_pid" 2>/dev/null
   wait "$smi_pid" 2>/dev/null
@@ -186,7 +191,7 @@ done
 # ---- PyTorch baseline -------------------------------------------------------------
 : >"$out/torch.log"
 if python3 -c 'import torch' 2>/dev/null; then
-  for m in "${models[@]}"; do
+  for m in "${torch_models[@]}"; do
     if over_budget; then say "torch $m: skipped (over the ${budget}s budget)"; continue; fi
     say "torch $m"
     PYTHONUNBUFFERED=1 timeout "$(limit "$run_timeout")" python3 scripts/torch_gpt2_bench.py \
@@ -236,12 +241,12 @@ for m in models:
     smi = os.path.join(out, f".smi_{m}")
     if mem is None and os.path.exists(smi) and open(smi).read().strip():
         mem = f"{float(open(smi).read()) / 1024:.1f} GiB (smi)"
-    t = torch.get(m, {}).get("tokens_per_s")
+    t = torch.get(m.removesuffix("-fused"), {}).get("tokens_per_s")
     ratio = f"{tok / t:.2f}" if tok and t else "-"
     rows.append((f"bench-{m}", f"{tok:,.0f}" if tok else "-", f"{100 * mfu:.1f}%" if mfu else "-",
                  mem or "-", f"{t:,.0f}" if t else "-", ratio))
     print(f"{m}: {len(timed)} timed steps of {len(recs)}; torch: "
-          f"{json.dumps({k: torch.get(m, {}).get(k) for k in ('mfu', 'peak_mem_gib', 'step_ms')})}")
+          f"{json.dumps({k: torch.get(m.removesuffix('-fused'), {}).get(k) for k in ('mfu', 'peak_mem_gib', 'step_ms')})}")
 
 basis = "as pptrain reports it" if own_mfu else f"against {peak:g} TFLOP/s"
 print(f"\nMFU {basis} (dense bf16 peak); medians of steps > {warmup}; "
