@@ -27,8 +27,14 @@ std::string describe_plan(const Config& c) {
   const double arena = double(layout.total_floats()) * sizeof(float);
   // The forward's weight copy, when it is not the fp32 master itself.
   const double copy = act_type == DType::F32 ? 0.0 : double(layout.total_floats()) * 2;
-  const double acts =
+  double acts =
       double(gpt_activation_floats(m, c.parallel.micro_batch_size)) * double(dtype_size(act_type));
+  if (act_type == DType::BF16 && c.train.attention == "fused") {
+    // The fused attention keeps one fp32 logsumexp per row instead of the T*T probabilities.
+    const double rows = double(m.n_layer) * c.parallel.micro_batch_size * m.n_head * m.seq_len;
+    acts -= rows * m.seq_len * 2;
+    acts += rows * 4;
+  }
   const double flops_token = gpt_flops_per_token(m);
   const int64_t tokens = tokens_per_step(c);
   const auto& p = c.parallel;
@@ -88,10 +94,11 @@ std::string describe_plan(const Config& c) {
                           ? std::string("disabled")
                           : fmt::format("{} every {} steps, keep {}, resume '{}'", c.checkpoint.dir,
                                         c.checkpoint.every, c.checkpoint.keep, c.checkpoint.resume));
-  line("device", fmt::format("{}{}{}, {} activations", c.device == "auto" ? "auto -> " : "",
+  line("device", fmt::format("{}{}{}, {} activations{}", c.device == "auto" ? "auto -> " : "",
                              cuda ? "cuda" : "cpu",
                              cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
-                             dtype_name(act_type)));
+                             dtype_name(act_type),
+                             c.train.attention == "fused" ? ", fused attention" : ""));
   return out;
 }
 
