@@ -289,7 +289,8 @@ void GptModel::layer_backward_input(int l, Activations& a, int i) {
   ops::Act* dx = a.dx[size_t(i)].act();
   ops::Act* datty = dx;  // scratch [N, Cl] until dx is written below
   ops_.gemm(false, true, N, Cl, C, 1.0f, L.dres2.act(), w.proj_w, 0.0f, datty);
-  ops_.attention_backward(L.dqkv.act(), datty, L.qkv.act(), L.att_state.get(), B_, T_, Cl, NHl_);
+  ops_.attention_backward(L.dqkv.act(), datty, L.qkv.act(), L.atty.act(), L.att_state.get(), B_,
+                          T_, Cl, NHl_);
   ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, L.dqkv.act(), w.qkv_w, 0.0f, L.dln1.act());
   all_reduce_tp(L.dln1.act(), NC);  // column-parallel input gradient
   ops_.copy(dx, L.dres2.get(), boundary_bytes());

@@ -130,8 +130,10 @@ class Ops {
   virtual void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                                  int NH) = 0;
   // dqkv = gradient w.r.t. qkv (overwrites), from dout[B,T,C] and the saved state.
-  virtual void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state,
-                                  int B, int T, int C, int NH) = 0;
+  // out: the forward's output, unchanged since (a backend may read it instead of
+  // recomputing it).
+  virtual void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
+                                  const void* state, int B, int T, int C, int NH) = 0;
 
   // ---- Embedding and loss ----
   // Vocab-parallel embedding: wte holds the rows [vocab_begin, vocab_begin+vocab_rows)

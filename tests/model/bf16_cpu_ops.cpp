@@ -126,8 +126,8 @@ class Bf16CpuOps final : public ops::Ops {
                            B, T, C, NH);
     narrow(out, o);
   }
-  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state, int B,
-                          int T, int C, int NH) override {
+  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
+                          const void* state, int B, int T, int C, int NH) override {
     std::vector<float> d(sz(B, T, 3 * C));
     cpu_.attention_backward(d.data(), widen(dout, sz(B, T, C)).data(),
                             widen(qkv, sz(B, T, 3 * C)).data(), static_cast<const float*>(state), B,

@@ -66,8 +66,8 @@ void check_attention(CudaOpsModelTest& t, int B, int T, int C, int NH, std::size
   gpu.attention_forward(dout_fwd.act(), state.get(), dqkv_in, B, T, C, NH);
   cpu.attention_forward(ha(out), cstate.data(), ha(qkv), B, T, C, NH);
   EXPECT_TRUE(all_close(t.read_act(dout_fwd, out.size()), out, t.tol(2e-2))) << "out";
-  gpu.attention_backward(ddqkv.act(), ddout, dqkv_in, state.get(), B, T, C, NH);
-  cpu.attention_backward(ha(dqkv), ha(dout), ha(qkv), cstate.data(), B, T, C, NH);
+  gpu.attention_backward(ddqkv.act(), ddout, dqkv_in, dout_fwd.act(), state.get(), B, T, C, NH);
+  cpu.attention_backward(ha(dqkv), ha(dout), ha(qkv), ha(out), cstate.data(), B, T, C, NH);
   // bf16: probabilities, scores and their gradients are all rounded on the way.
   EXPECT_TRUE(all_close(t.read_act(ddqkv, dqkv.size()), dqkv, t.tol(3e-2))) << "dqkv";
 }
@@ -115,7 +115,8 @@ TEST_P(CudaOpsModelTest, FlashAttentionIsDeterministic) {
   for (int run = 0; run < 2; ++run) {
     Buffer out = act_nan(N * C), dqkv = act_nan(N * 3 * C);
     gpu->attention_forward(out.act(), state.get(), qkv.act(), B, T, C, NH);
-    gpu->attention_backward(dqkv.act(), dout.act(), qkv.act(), state.get(), B, T, C, NH);
+    gpu->attention_backward(dqkv.act(), dout.act(), qkv.act(), out.act(), state.get(), B, T, C,
+                            NH);
     std::vector<float> o = read_act(out, N * C), d = read_act(dqkv, N * 3 * C);
     if (run == 0) {
       first_out = std::move(o);

@@ -111,8 +111,9 @@ std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {
 void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH) {
   attention_forward(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH);
 }
-void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state,
-                                int B, int T, int C, int NH) {
+// The saved probabilities suffice; `out` is not needed.
+void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
+                                const void* state, int B, int T, int C, int NH) {
   attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH);
 }
 void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,

@@ -84,8 +84,8 @@ class CudaOps final : public Ops {
   std::size_t attention_state_bytes(int B, int T, int NH) const override;
   void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                          int NH) override;
-  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state, int B,
-                          int T, int C, int NH) override;
+  void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
+                          const void* state, int B, int T, int C, int NH) override;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
                          int vocab_rows, const Act* wpe, int B, int T, int C) override;

@@ -8,7 +8,7 @@
 //
 // Fused (flash_attention on and bf16 compute): the kernels of flash_attention.hpp,
 // reading qkv and writing out in place; the state is the rows' logsumexp, fp32
-// [B, NH, T]. Head sizes they do not handle (other than 16, 32, 64, 128, or a device
+// [B, NH, T], and the backward also reads the forward's out. Head sizes they do not handle (other than 16, 32, 64, 128, or a device
 // without the shared memory they need) take the unfused path with the probabilities
 // in workspace, recomputed by the backward, since the state is sized for the fused
 // kernels (attention_state_bytes does not see the head size). The choice depends only
@@ -99,15 +99,16 @@ void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, in
   });
 }
 
-void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const void* state,
-                                 int B, int T, int C, int NH) {
+// The unfused path does not need `out`.
+void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
+                                 const void* state, int B, int T, int C, int NH) {
   check_shape(B, T, C, NH);
   const int hs = C / NH;
   if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
-    void* ws = workspace(cuda::flash_attention_backward_workspace_bytes(B, T, NH, hs));
+    void* ws = workspace(cuda::flash_attention_backward_workspace_bytes(B, T, NH));
     cuda::flash_attention_backward(typed<cuda::bf16>(dqkv), typed<cuda::bf16>(dout),
-                                   typed<cuda::bf16>(qkv), static_cast<const float*>(state), ws,
-                                   B, T, NH, hs, stream());
+                                   typed<cuda::bf16>(qkv), typed<cuda::bf16>(out),
+                                   static_cast<const float*>(state), ws, B, T, NH, hs, stream());
     return;
   }
   const bool recompute = flash_active();  // the fallback: probabilities not in state

@@ -2,7 +2,8 @@
 // tensor-core tiles, an online softmax in fp32, no [T,T] array in memory. q, k and v
 // are read in place from qkv[B,T,3,NH,hs] and the result written to out[B,T,NH*hs];
 // the only saved state is the logsumexp of each row's scaled scores, lse[B,NH,T]
-// (fp32). The backward recomputes what else it needs (see flash_attention_backward.cu).
+// (fp32). The backward reads the forward's out too and recomputes the probabilities
+// from lse (see flash_attention_backward.cu).
 // Kernels in flash_attention.cu and flash_attention_backward.cu.
 #pragma once
 #include <cuda_bf16.h>
@@ -23,13 +24,14 @@ void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
                              int T, int NH, int hs, cudaStream_t s);
 
 // Bytes of device scratch flash_attention_backward needs.
-std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int hs);
+std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH);
 
 // dqkv[B,T,3,NH,hs] = gradient w.r.t. qkv (all of it overwritten) from dout[B,T,NH*hs],
-// qkv and the forward's lse; `workspace` holds the bytes asked for above. Deterministic
-// (no atomics).
+// qkv and the forward's out[B,T,NH*hs] and lse (both as flash_attention_forward wrote
+// them); `workspace` holds the bytes asked for above. Deterministic (no atomics).
 void flash_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
-                              const __nv_bfloat16* qkv, const float* lse, void* workspace, int B,
-                              int T, int NH, int hs, cudaStream_t s);
+                              const __nv_bfloat16* qkv, const __nv_bfloat16* out,
+                              const float* lse, void* workspace, int B, int T, int NH, int hs,
+                              cudaStream_t s);
 
 }  // namespace pptrain::ops::cuda

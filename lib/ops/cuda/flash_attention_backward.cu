@@ -3,8 +3,8 @@
 // from the saved lse), dP_ij = dO_i.v_j and D_i = dO_i.O_i = sum_j P_ij dP_ij:
 //   dS = P * (dP - D)        (gradient of the scaled scores)
 //   dV_j = sum_i P_ij dO_i,  dK_j = scale sum_i dS_ij q_i,  dQ_i = scale sum_j dS_ij k_j.
-// The state holds only lse, so O is recomputed first by the forward kernel (bit for
-// bit what the forward returned); then a warp per row computes D. Two kernels follow,
+// O is the forward's output, passed in; a warp per row computes D from it (into
+// workspace). Two kernels follow,
 // each owning what it writes: one over key tiles (dK, dV accumulated in registers over
 // the query tiles at or below the diagonal) and one over query tiles (dQ over the key
 // tiles at or left of it). Both rebuild S and dP with tensor cores; P and dS go to the
@@ -183,27 +183,25 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH, int hs) {
-  const std::size_t rows = std::size_t(B) * T * NH;
-  return round256(rows * hs * sizeof(bf16)) + round256(rows * sizeof(float));
+std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH) {
+  return round256(std::size_t(B) * T * NH * sizeof(float));  // D, one float a row
 }
 
-void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                              void* workspace, int B, int T, int NH, int hs, cudaStream_t s) {
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, void* workspace, int B, int T, int NH, int hs,
+                              cudaStream_t s) {
   const char* op = "flash_attention_backward";
   require(B > 0 && T > 0 && NH > 0, op, "non-positive size");
-  require(dqkv && dout && qkv && lse && workspace, op, "null pointer");
+  require(dqkv && dout && qkv && out && lse && workspace, op, "null pointer");
   const long long rows = static_cast<long long>(B) * T * NH;
   require(rows < (1LL << 31) && T <= 65535 * kTile, op, "too many rows");
-  // O exactly as the forward returned it, then D = rowsum(dO * O).
-  auto* o = static_cast<bf16*>(workspace);
-  auto* dot = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) +
-                                       round256(static_cast<std::size_t>(rows) * hs * sizeof(bf16)));
-  flash_attention_forward(o, nullptr, qkv, B, T, NH, hs, s);
+  // D = rowsum(dO * O).
+  auto* dot = static_cast<float*>(workspace);
   constexpr int kDotThreads = 256;
   const unsigned dot_blocks =
       static_cast<unsigned>((rows + kDotThreads / 32 - 1) / (kDotThreads / 32));
-  row_dot_kernel<<<dot_blocks, kDotThreads, 0, s>>>(dot, dout, o, T, NH, hs, static_cast<int>(rows));
+  row_dot_kernel<<<dot_blocks, kDotThreads, 0, s>>>(dot, dout, out, T, NH, hs,
+                                                    static_cast<int>(rows));
   PPTRAIN_CUDA_CHECK_LAUNCH();
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
