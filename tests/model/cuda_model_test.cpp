@@ -107,7 +107,7 @@ TEST_P(CudaModelTest, EvaluationLossesArePerPositionAndMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest, ::testing::Values(DType::F32, DType::BF16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         [](const auto& p) { return std::string(dtype_name(p.param)); });
 
 }  // namespace
 }  // namespace pptrain
