@@ -1,0 +1,138 @@
+// The LayerNorm (layernorm.cu) and embedding (embedding.cu) kernels under the CUDA
+// emulator against the CPU backend, for float and bf16 elements, on shapes that take the
+// 16-byte packs and shapes (or pointers) that do not.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "emulated_kernels.hpp"
+#include "emulation_test_util.hpp"
+#include "ops/cpu/cpu_ops.hpp"
+
+namespace pptrain::emulation_test {
+namespace {
+
+template <typename T>
+class EmulatedNorm : public ::testing::Test {
+ protected:
+  ops::CpuOps cpu{1};
+};
+TYPED_TEST_SUITE(EmulatedNorm, ElementTypes, ElementTypeNames);
+
+template <typename T>
+using EmulatedEmbedding = EmulatedNorm<T>;
+TYPED_TEST_SUITE(EmulatedEmbedding, ElementTypes, ElementTypeNames);
+
+// (N, C, skew): odd C (scalar), C that takes the packs, rows past one block of 8, more
+// than one 64-row chunk for the weight gradient, a misaligned input, rows shorter than a
+// warp.
+constexpr int kNormShapes[][3] = {{11, 37, 0}, {9, 64, 0}, {130, 72, 0}, {5, 64, 1}, {6, 5, 0}};
+
+TYPED_TEST(EmulatedNorm, LayerNormForwardMatchesCpu) {
+  using T = TypeParam;
+  for (const auto& [N, C, skew] : kNormShapes) {
+    const std::size_t n = std::size_t(N) * C;
+    const std::vector<float> x = rounded<T>(randn(n, 1, 2.0f)), w = rounded<T>(randn(C, 2)),
+                             b = rounded<T>(randn(C, 3));
+    Device<T> dx(x, skew), dw(w), db(b), out(n);
+    Device<float> mean(N), rstd(N);
+    kern::layernorm_forward<T>(out.get(), mean.get(), rstd.get(), dx.get(), dw.get(), db.get(), N,
+                               C, nullptr);
+    std::vector<float> want(n), want_mean(N), want_rstd(N);
+    this->cpu.layernorm_forward(want.data(), want_mean.data(), want_rstd.data(), x.data(), w.data(),
+                                b.data(), N, C);
+    EXPECT_TRUE(all_close(out.read(), want, tol<T>(1e-5))) << N << "x" << C;
+    EXPECT_TRUE(all_close(mean.read(), want_mean, 1e-5)) << N << "x" << C;
+    EXPECT_TRUE(all_close(rstd.read(), want_rstd, 1e-5)) << N << "x" << C;
+  }
+}
+
+TYPED_TEST(EmulatedNorm, LayerNormBackwardMatchesCpu) {
+  using T = TypeParam;
+  for (const auto& [N, C, skew] : kNormShapes) {
+    const std::size_t n = std::size_t(N) * C;
+    const std::vector<float> x = rounded<T>(randn(n, 4, 2.0f)), w = rounded<T>(randn(C, 5)),
+                             b = rounded<T>(randn(C, 6)), dout = rounded<T>(randn(n, 7));
+    std::vector<float> y(n), mean(N), rstd(N);
+    this->cpu.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                                C);
+    // The input gradient accumulates into dinp; the weight gradients into dw, db.
+    std::vector<float> dinp = rounded<T>(randn(n, 8)), dw = randn(C, 9), db = randn(C, 10);
+    Device<T> ddinp(dinp, skew), ddout(dout, skew), dx(x, skew), dwt(w);
+    Device<float> dmean(mean), drstd(rstd), ddw(dw), ddb(db);
+    Device<float> scratch(kern::layernorm_backward_weight_scratch_floats(N, C));
+    kern::layernorm_backward_input<T>(ddinp.get(), ddout.get(), dx.get(), dwt.get(), dmean.get(),
+                                      drstd.get(), N, C, nullptr);
+    kern::layernorm_backward_weight<T>(ddw.get(), ddb.get(), ddout.get(), dx.get(), dmean.get(),
+                                       drstd.get(), N, C, scratch.get(), nullptr);
+    this->cpu.layernorm_backward_input(dinp.data(), dout.data(), x.data(), w.data(), mean.data(),
+                                       rstd.data(), N, C);
+    this->cpu.layernorm_backward_weight(dw.data(), db.data(), dout.data(), x.data(), mean.data(),
+                                        rstd.data(), N, C);
+    EXPECT_TRUE(all_close(ddinp.read(), dinp, tol<T>(1e-5))) << N << "x" << C;
+    EXPECT_TRUE(all_close(ddw.read(), dw, 1e-5)) << N << "x" << C;
+    EXPECT_TRUE(all_close(ddb.read(), db, 1e-5)) << N << "x" << C;
+  }
+}
+
+// Tokens of B*T positions: repeats, and ids below and past the shard [begin, begin+rows).
+std::vector<int32_t> make_tokens(int BT, int begin, int rows) {
+  std::vector<int32_t> t(BT);
+  for (int i = 0; i < BT; ++i) t[i] = (i * 7 + i / 3) % (begin + rows + 4);
+  if (BT > 3) t[1] = t[2] = t[BT - 1] = begin + rows / 2;  // one row three times
+  return t;
+}
+
+// (B, T, C, vocab_rows, skew): one shard of the dwte kernel; C that takes the packs;
+// several shards, several column slices (C 300 misaligned: 256-column slices) and more
+// positions than a block's tile.
+constexpr int kEmbeddingShapes[][5] = {
+    {2, 7, 37, 13, 0}, {2, 5, 64, 13, 0}, {3, 100, 300, 150, 1}, {2, 9, 64, 150, 0}};
+
+TYPED_TEST(EmulatedEmbedding, ForwardMatchesCpu) {
+  using T = TypeParam;
+  constexpr int kBegin = 5;
+  for (const auto& [B, Tn, C, rows, skew] : kEmbeddingShapes)
+    for (bool with_wpe : {true, false}) {
+      const int BT = B * Tn;
+      const std::vector<int32_t> tokens = make_tokens(BT, kBegin, rows);
+      const std::vector<float> wte = rounded<T>(randn(std::size_t(rows) * C, 1)),
+                               wpe = rounded<T>(randn(std::size_t(Tn) * C, 2));
+      Device<int32_t> dtok(tokens);
+      Device<T> dwte(wte, skew), dwpe(wpe, skew), out(std::size_t(BT) * C, skew);
+      kern::embedding_forward<T>(out.get(), dtok.get(), dwte.get(), kBegin, rows,
+                                 with_wpe ? dwpe.get() : nullptr, B, Tn, C, nullptr);
+      std::vector<float> want(std::size_t(BT) * C);
+      this->cpu.embedding_forward(want.data(), tokens.data(), wte.data(), kBegin, rows,
+                                  with_wpe ? wpe.data() : nullptr, B, Tn, C);
+      EXPECT_TRUE(all_close(out.read(), rounded<T>(want), 0.0)) << B << "x" << Tn << "x" << C;
+    }
+}
+
+TYPED_TEST(EmulatedEmbedding, BackwardAddsInPositionOrderLikeTheCpu) {
+  using T = TypeParam;
+  constexpr int kBegin = 5;
+  for (const auto& [B, Tn, C, rows, skew] : kEmbeddingShapes)
+    for (bool with_wpe : {true, false}) {
+      const int BT = B * Tn;
+      const std::vector<int32_t> tokens = make_tokens(BT, kBegin, rows);
+      const std::vector<float> dout = rounded<T>(randn(std::size_t(BT) * C, 3));
+      std::vector<float> dwte = randn(std::size_t(rows) * C, 4),
+                         dwpe = randn(std::size_t(Tn) * C, 5);
+      Device<int32_t> dtok(tokens);
+      Device<T> ddout(dout, skew);
+      Device<float> ddwte(dwte, skew), ddwpe(dwpe, skew);
+      kern::embedding_backward<T>(ddwte.get(), with_wpe ? ddwpe.get() : nullptr, ddout.get(),
+                                  dtok.get(), kBegin, rows, B, Tn, C, nullptr);
+      this->cpu.embedding_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
+                                   tokens.data(), kBegin, rows, B, Tn, C);
+      // fp32 sums in the CPU's order: the same bits.
+      EXPECT_TRUE(all_close(ddwte.read(), dwte, 0.0)) << B << "x" << Tn << "x" << C;
+      EXPECT_TRUE(all_close(ddwpe.read(), dwpe, 0.0)) << B << "x" << Tn << "x" << C;
+    }
+}
+
+}  // namespace
+}  // namespace pptrain::emulation_test
