@@ -64,20 +64,9 @@ inline constexpr int warpSize = 32;
 inline thread_local uint3 threadIdx, blockIdx;
 inline thread_local dim3 blockDim, gridDim;
 
-// ---- runtime API ----
+// ---- runtime API (the host side is in emulator_host_api.hpp) ----
 static inline cudaError_t cudaGetLastError() { return pptrain_emu::take_last_error(); }
 static inline cudaError_t cudaPeekAtLastError() { return pptrain_emu::peek_last_error(); }
-static inline const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-  }
-  return "unknown error";
-}
 template <typename K>
 cudaError_t cudaFuncSetAttribute(K* kernel, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
@@ -85,12 +74,7 @@ cudaError_t cudaFuncSetAttribute(K* kernel, cudaFuncAttribute attr, int value) {
   pptrain_emu::set_max_dynamic_shared(reinterpret_cast<std::uintptr_t>(kernel), value);
   return cudaSuccess;
 }
-static inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t) {
-  std::memset(p, value, n);
-  return cudaSuccess;
-}
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+#include "emulator_host_api.hpp"
 
 // ---- synchronisation and warp intrinsics ----
 inline void __syncthreads(std::source_location w = std::source_location::current()) {

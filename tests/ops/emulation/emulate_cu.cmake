@@ -4,8 +4,9 @@
 # `extern __shared__ T name[];` a pointer to the block's dynamic shared memory (256-byte
 # aligned, so any __align__ holds); `__shared__ [__align__(n)] T name[dims];` a reference
 # to block-shared storage keyed by a lambda's type (unique per declaration and template
-# instantiation). A source also gets the emulator first and its namespace pptrain renamed,
-# so these definitions never meet the real CUDA backend's at link time. Line numbers are
+# instantiation). A source also gets the emulator and the real shared headers first
+# (emulated_namespace.hpp) and its namespace pptrain renamed, so these definitions never
+# meet the real CUDA backend's at link time. Line numbers are
 # kept, and #line names the original file.
 if(NOT SRC OR NOT DST OR NOT KIND)
   message(FATAL_ERROR "emulate_cu.cmake: SRC, DST and KIND are required")
@@ -36,7 +37,7 @@ foreach(leftover "<<<" ">>>" "__shared__")
 endforeach()
 
 if(KIND STREQUAL "source")
-  set(prelude "#include \"cuda_emulator.hpp\"\n#define pptrain pptrain_emulated\n")
+  set(prelude "#include \"emulated_namespace.hpp\"\n#define pptrain pptrain_emulated\n")
 else()
   set(prelude "")
 endif()
