@@ -153,6 +153,11 @@ for t in "${tests[@]}"; do
   { echo "===== $name (exit $rc)"; cat "$tlog"; } >>"$out/cuda_tests.log"
   summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$tlog" | tr '\n' ' ')
   say "test $name: exit $rc ${summary}"
+  # A GPU test that skips on a machine with a GPU means the program saw no device.
+  if [ "$rc" -eq 0 ] && [ -n "$gpu_name" ] && grep -q "no CUDA device" "$tlog"; then
+    say "test $name: skipped for want of a CUDA device, but nvidia-smi lists $gpu_name"
+    rc=1
+  fi
   if [ "$rc" -ne 0 ]; then
     failed_tests=$((failed_tests + 1))
     grep -E '^\[  FAILED  \] [A-Za-z]' "$tlog" | sed 's/ (.*//' | sort -u | head -20 |
