@@ -15,7 +15,7 @@
 # table run regardless).
 #
 # Environment: BUNDLE (default .device-bundle), WARMUP steps not counted (default 5),
-# PEAK_TFLOPS (MFU denominator; default: from the GPU's name, as lib/train/mfu.cpp),
+# PEAK_TFLOPS (MFU denominator; default: the peak pptrain reports for this GPU),
 # BUDGET_S (default 420: later stages are skipped or cut short past it),
 # TEST_TIMEOUT_S (default 120 per test program), RUN_TIMEOUT_S (default 150 per run).
 set -uo pipefail
@@ -46,17 +46,10 @@ nvidia-smi -L || say "nvidia-smi failed"
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
   2>/dev/null
-peak=${PEAK_TFLOPS:-}
-if [ -z "$peak" ]; then
-  case "$gpu_name" in  # dense bf16 TFLOP/s; lib/train/mfu.cpp has the full table
-    *"H100 PCIe"*) peak=756.5 ;;
-    *"H100 NVL"* | *"H200 NVL"*) peak=835.5 ;;
-    *H100* | *H200*) peak=989 ;;  # GH200 too
-    *A100*) peak=312 ;;
-    *) peak=0 ;;
-  esac
-fi
-say "GPU: ${gpu_name:-none}; MFU peak ${peak} TFLOP/s"
+# MFU's peak: PEAK_TFLOPS, else the one pptrain took from its table (lib/train/mfu.cpp),
+# read off its metrics after the first run.
+peak=${PEAK_TFLOPS:-0}
+say "GPU: ${gpu_name:-none}"
 
 # ---- Binaries ---------------------------------------------------------------------
 bin=""
@@ -191,6 +184,13 @@ for m in "${models[@]}"; do
   rm -f "$smi_log"
   tail -3 "$out/pptrain_$m.log"
   if [ "$rc" -ne 0 ]; then say "pptrain $m: exit $rc"; status=1; fi
+  if [ "$peak" = 0 ] && [ -f "$out/metrics_$m.jsonl" ]; then
+    peak=$(python3 -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(next(("%.6g" % (r["tflops_per_rank"] / r["mfu"]) for r in rows if r.get("mfu")), 0))' \
+      "$out/metrics_$m.jsonl" 2>/dev/null || echo 0)
+    [ "$peak" = 0 ] || say "MFU peak (pptrain's): $peak TFLOP/s"
+  fi
 done
 
 # ---- PyTorch baseline -------------------------------------------------------------

@@ -173,8 +173,6 @@ class Ops {
   // ---- Elementwise ----
   // out = a + b (out may alias a or b).
   virtual void add(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
-  // dst += src, fp32.
-  virtual void accumulate(float* dst, const float* src, std::size_t n) = 0;
 };
 
 // Move-only owner of `bytes` of one backend's memory (256-byte aligned).

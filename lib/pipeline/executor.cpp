@@ -200,17 +200,13 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
 }
 
 double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out) {
-  const std::size_t act = model_.boundary_bytes();
   double loss_sum = 0;
   for (int mb = 0; mb < count; ++mb) {
     for (int c = 0; c < v_; ++c) {  // one micro-batch at a time, through every chunk in turn
       const ChunkSpec& spec = model_.partition().chunks[size_t(c)];
       const Key key{mb, c};
       GptModel::Activations& acts = acquire(key);
-      int peer_chunk = 0;
-      if (!spec.first)
-        world_.exchange({{comm::Transfer::Recv, peer_for(Op::RecvForward, c, &peer_chunk),
-                          model_.input_buffer(acts), act, tag(mb, c, false)}});
+      if (!spec.first) world_.exchange({transfer({Op::RecvForward, mb, c})});
       if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
                                  targets_.data(), 0.0f);
@@ -218,11 +214,7 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
         const std::vector<float>& l = model_.position_losses(acts);
         losses_out->insert(losses_out->end(), l.begin(), l.end());
       }
-      if (!spec.last) {
-        const int peer = peer_for(Op::SendForward, c, &peer_chunk);
-        world_.exchange({{comm::Transfer::Send, peer, model_.output(acts), act,
-                          tag(mb, peer_chunk, false)}});
-      }
+      if (!spec.last) world_.exchange({transfer({Op::SendForward, mb, c})});
       release(key);
     }
   }

@@ -21,7 +21,7 @@ std::string describe_plan(const Config& c) {
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
   const auto val = load_validation_tokens(c.data, m, c.train.seed);
   // The backend the run would get on this machine, and its activation element size.
-  const int gpus = ops::cuda_device_count();
+  const int gpus = c.device == "cpu" ? 0 : ops::cuda_device_count();
   const bool cuda = c.device == "cuda" || (c.device == "auto" && gpus > 0);
   const DType act_type = cuda && c.train.precision != "fp32" ? DType::BF16 : DType::F32;
   const double arena = double(layout.total_floats()) * sizeof(float);

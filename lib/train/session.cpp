@@ -13,7 +13,8 @@ namespace pptrain {
 
 std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
   const std::string& device = config.device;
-  const int gpus = ops::cuda_device_count();
+  // A CPU run never touches the CUDA runtime.
+  const int gpus = device == "cpu" ? 0 : ops::cuda_device_count();
   const bool cuda = device == "cuda" || (device == "auto" && gpus > 0);
   if (!cuda) {
     if (config.train.precision == "bf16")

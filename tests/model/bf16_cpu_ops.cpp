@@ -172,9 +172,6 @@ class Bf16CpuOps final : public ops::Ops {
     cpu_.add(o.data(), widen(a, n).data(), widen(b, n).data(), n);
     narrow(out, o);
   }
-  void accumulate(float* dst, const float* src, std::size_t n) override {
-    cpu_.accumulate(dst, src, n);
-  }
 
  private:
   CpuOps cpu_{1};

@@ -10,6 +10,7 @@
 #include "bf16_cpu_ops.hpp"
 #include "core/random.hpp"
 #include "model/gpt.hpp"
+#include "model_test_util.hpp"
 #include "optim/adamw.hpp"
 
 namespace pptrain {
@@ -25,11 +26,7 @@ ModelConfig small_model() {
   return m;
 }
 
-std::vector<int32_t> tokens(int n, int vocab, uint64_t key) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[size_t(i)] = int32_t(mix64(key + uint64_t(i)) % uint64_t(vocab));
-  return t;
-}
+using test_support::tokens;
 
 struct Trainee {
   explicit Trainee(std::unique_ptr<ops::Ops> backend, int batch = 2)

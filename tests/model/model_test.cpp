@@ -7,6 +7,7 @@
 
 #include "core/random.hpp"
 #include "model/gpt.hpp"
+#include "model_test_util.hpp"
 
 namespace pptrain {
 namespace {
@@ -21,11 +22,7 @@ ModelConfig tiny_model() {
   return m;
 }
 
-std::vector<int32_t> tokens(int n, int vocab, uint64_t key) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) t[i] = int32_t(mix64(key + i) % uint64_t(vocab));
-  return t;
-}
+using test_support::tokens;
 
 struct Fixture {
   explicit Fixture(int batch, ModelConfig m = tiny_model())

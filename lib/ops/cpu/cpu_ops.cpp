@@ -99,10 +99,6 @@ void CpuOps::add(float* out, const float* a, const float* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-void CpuOps::accumulate(float* dst, const float* src, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
 std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }
 
 }  // namespace pptrain::ops

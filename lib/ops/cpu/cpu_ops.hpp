@@ -67,7 +67,6 @@ class CpuOps final : public Ops {
                  const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
                  float dloss) override;
   void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
-  void accumulate(float* dst, const float* src, std::size_t n) override;
 
   // ---- The same ops on plain fp32 arrays: the reference the tests and the CUDA
   // backend's tests call directly (cpu_ops.cpp, cpu_norm.cpp, cpu_loss.cpp,

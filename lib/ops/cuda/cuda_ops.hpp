@@ -101,7 +101,6 @@ class CudaOps final : public Ops {
                  float dloss) override;
 
   void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
-  void accumulate(float* dst, const float* src, std::size_t n) override;
 
   // The cuBLASLt wrapper (for tests: its plan cache).
   cuda::Gemm& gemm_engine() { return gemm_; }

@@ -196,8 +196,5 @@ void CudaOps::add(Act* out, const Act* a, const Act* b, std::size_t n) {
   });
 }
 
-void CudaOps::accumulate(float* dst, const float* src, std::size_t n) {
-  cuda::accumulate(dst, src, n, stream());
-}
 
 }  // namespace pptrain::ops

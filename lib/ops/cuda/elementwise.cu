@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels: add, accumulate, the bias add and its (deterministic)
+// Elementwise CUDA kernels: add, the bias add and its (deterministic)
 // gradient, GELU (tanh form with GPT-2's constants) forward and backward, and the
 // fp32 <-> compute-dtype casts. Arithmetic in fp32; 16-byte packs when aligned.
 #include "ops/cuda/kernel_util.cuh"
@@ -21,18 +21,6 @@ __global__ void add_kernel(T* out, const T* a, const T* b, std::size_t n) {
 #pragma unroll
     for (int k = 0; k < M; ++k) r.v[k] = from_f32<T>(to_f32(x.v[k]) + to_f32(y.v[k]));
     store_pack<M>(out + i, r);
-  });
-}
-
-template <int W>
-__global__ void accumulate_kernel(float* dst, const float* src, std::size_t n) {
-  for_each_pack<W>(n, [=](std::size_t i, auto w) {
-    constexpr int M = decltype(w)::value;
-    Pack<float, M> d = load_pack<M>(dst + i);
-    const Pack<float, M> x = load_pack<M>(src + i);
-#pragma unroll
-    for (int k = 0; k < M; ++k) d.v[k] += x.v[k];
-    store_pack<M>(dst + i, d);
   });
 }
 
@@ -141,11 +129,6 @@ void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s) {
   require(n == 0 || (out && a && b), "add", "null pointer");
   launch_map<kVec<T>>(add_kernel<T, kVec<T>>, add_kernel<T, 1>, n, aligned16({out, a, b}), s, out,
                       a, b);
-}
-
-void accumulate(float* dst, const float* src, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (dst && src), "accumulate", "null pointer");
-  launch_map<4>(accumulate_kernel<4>, accumulate_kernel<1>, n, aligned16({dst, src}), s, dst, src);
 }
 
 template <typename T>

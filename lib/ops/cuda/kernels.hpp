@@ -18,7 +18,6 @@ using bf16 = __nv_bfloat16;
 
 // ---- elementwise (elementwise.cu) ----
 template <typename T> void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s);
-void accumulate(float* dst, const float* src, std::size_t n, cudaStream_t s);
 template <typename T> void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s);
 // dbias[c] += sum_n dout[n,c] (deterministic: fixed reduction order, no atomics).
 // `scratch` holds at least bias_backward_scratch_floats(N, C) floats of device memory.

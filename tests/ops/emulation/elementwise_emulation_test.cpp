@@ -1,5 +1,5 @@
 // The elementwise kernels (elementwise.cu) under the CUDA emulator against the CPU
-// backend, for float and bf16 elements: add, accumulate, the bias add and its gradient,
+// backend, for float and bf16 elements: add, the bias add and its gradient,
 // GELU forward and backward, and the casts. Each op runs on 16-byte aligned arrays (the
 // pack path where the size allows it) and on arrays one element off (the scalar path).
 #include <gtest/gtest.h>
@@ -35,19 +35,6 @@ TYPED_TEST(EmulatedElementwise, AddMatchesCpu) {
       this->cpu.add(want.data(), a.data(), b.data(), n);
       // One fp32 add rounded once: the same bits as the CPU's sum rounded to T.
       EXPECT_TRUE(all_close(out.read(), rounded<T>(want), 0.0)) << "n " << n << " skew " << skew;
-    }
-}
-
-TEST(EmulatedElementwiseFp32, AccumulateMatchesCpu) {
-  ops::CpuOps cpu(1);
-  for (std::size_t n : kSizes)
-    for (std::size_t skew : {0, 1}) {
-      std::vector<float> dst = randn(n, 3);
-      const std::vector<float> src = randn(n, 4);
-      Device<float> ddst(dst, skew), dsrc(src, skew);
-      kern::accumulate(ddst.get(), dsrc.get(), n, nullptr);
-      cpu.accumulate(dst.data(), src.data(), n);
-      EXPECT_TRUE(all_close(ddst.read(), dst, 0.0)) << "n " << n << " skew " << skew;
     }
 }
 
@@ -117,7 +104,6 @@ TYPED_TEST(EmulatedElementwise, CastsRoundToNearestEvenAndWiden) {
 
 TEST(EmulatedElementwiseFp32, EmptyArraysLaunchNothing) {
   kern::add<float>(nullptr, nullptr, nullptr, 0, nullptr);
-  kern::accumulate(nullptr, nullptr, 0, nullptr);
   kern::add_bias<bf16>(nullptr, nullptr, 0, 5, nullptr);
   kern::bias_backward<float>(nullptr, nullptr, 5, 0, nullptr, nullptr);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
