@@ -79,8 +79,7 @@ int run(int argc, char** argv) {
       return pptrain::kExitOk;
     }
     if (topo_cmd->parsed()) {
-      const auto& p = config.parallel;
-      std::fputs(pptrain::RankGrid(p.tp, p.dp, p.pp).describe().c_str(), stdout);
+      std::fputs(pptrain::make_grid(config).describe().c_str(), stdout);
       return pptrain::kExitOk;
     }
     pptrain::check_schedule(config);

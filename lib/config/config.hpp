@@ -23,7 +23,7 @@ struct ParallelConfig {
   int dp = 1;
   int micro_batches = 1;     // gradient-accumulation micro-batches per step (per DP rank)
   int micro_batch_size = 4;  // sequences per micro-batch
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
   int virtual_stages = 1;
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
   std::vector<int> layers_per_stage;  // layers of each virtual stage; empty: even split

@@ -18,16 +18,16 @@ std::vector<std::pair<int, int>> split_layers(int n_layer, int parts, const std:
   return ranges;
 }
 
-ModelPartition pipeline_partition(const ModelConfig& model, int pp, int stage, int virtual_stages,
+ModelPartition pipeline_partition(const ModelConfig& model, const Placement& placement, int stage,
                                   int tp_size, int tp_rank, const std::vector<int>& layers_per_stage) {
-  const int parts = pp * virtual_stages;
+  const int parts = placement.virtual_stages();
   const auto ranges = split_layers(model.n_layer, parts, layers_per_stage);
   ModelPartition part;
   part.tp_size = tp_size;
   part.tp_rank = tp_rank;
-  part.tied_copy_on_last = pp > 1;
-  for (int c = 0; c < virtual_stages; ++c) {
-    const int vs = virtual_stage(pp, stage, c);
+  part.tied_copy_on_last = placement.head_stage() != 0;
+  for (int c = 0; c < placement.chunks(); ++c) {
+    const int vs = placement.virtual_stage(stage, c);
     part.chunks.push_back({ranges[size_t(vs)].first, ranges[size_t(vs)].second, vs == 0,
                            vs == parts - 1});
   }
@@ -40,7 +40,8 @@ PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vec
     : model_(model),
       world_(world),
       pp_ranks_(std::move(pp_ranks)),
-      actions_(build_schedule(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages)),
+      placement_(schedule_placement(kind, int(pp_ranks_.size()), virtual_stages)),
+      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages)),
       pp_(int(pp_ranks_.size())),
       stage_(stage),
       m_(micro_batches),
@@ -53,7 +54,6 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
   auto it = live_.find(key);
   if (it != live_.end()) return *it->second;
   auto& pool = pool_[size_t(key.second)];
-  if (pool.empty()) recycle_sent();
   std::unique_ptr<GptModel::Activations> a;
   if (pool.empty()) {
     a = model_.new_activations(key.second);
@@ -65,56 +65,53 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
 }
 
 void PipelineExecutor::release(const Key& key) {
-  // A set whose messages may still be leaving waits in `draining_` until the end of
-  // the step: waiting for a send here could deadlock (the receiver may post its
-  // receive only after its own sends complete).
   auto it = live_.find(key);
-  auto s = sends_.find(key);
-  if (s != sends_.end()) {
-    draining_.push_back({key.second, std::move(it->second), std::move(s->second)});
-    sends_.erase(s);
-  } else {
-    pool_[size_t(key.second)].push_back(std::move(it->second));
-  }
+  pool_[size_t(key.second)].push_back(std::move(it->second));
   live_.erase(it);
   weight_done_.erase(key);
   gradient_sent_.erase(key);
 }
 
-// World rank of the neighbour an action talks to; *peer_chunk gets its chunk.
-int PipelineExecutor::peer_for(Op op, int chunk, int* peer_chunk) const {
-  const bool towards_next = op == Op::SendForward || op == Op::RecvBackward;
-  const int next_stage = towards_next ? (stage_ + 1) % pp_ : (stage_ + pp_ - 1) % pp_;
-  *peer_chunk = chunk;
-  if (towards_next && stage_ == pp_ - 1) *peer_chunk = chunk + 1;
-  if (!towards_next && stage_ == 0) *peer_chunk = chunk - 1;
-  return pp_ranks_[size_t(next_stage)];
+void PipelineExecutor::sent(const Action& a) {
+  const Key key{a.microbatch, a.chunk};
+  if (a.op != Op::SendBackward) return;
+  gradient_sent_.insert(key);
+  if (weight_done_.count(key)) release(key);  // W already ran
 }
-
-bool PipelineExecutor::is_receive(Op op) { return op == Op::RecvForward || op == Op::RecvBackward; }
 
 // The message of a send or receive action, on the buffers of its activation set.
 comm::Transfer PipelineExecutor::transfer(const Action& a) {
-  int peer_chunk = 0;
-  const int peer = peer_for(a.op, a.chunk, &peer_chunk);
+  const ChunkLocation peer = message_peer(placement_, stage_, a);
+  const int rank = pp_ranks_[size_t(peer.stage)];
   GptModel::Activations& acts = acquire({a.microbatch, a.chunk});
   const std::size_t bytes = model_.boundary_bytes();
   switch (a.op) {
     case Op::RecvForward:
-      return {comm::Transfer::Recv, peer, model_.input_buffer(acts), bytes,
+      return {comm::Transfer::Recv, rank, model_.input_buffer(acts), bytes,
               tag(a.microbatch, a.chunk, false)};
     case Op::RecvBackward:
-      return {comm::Transfer::Recv, peer, model_.output_grad(acts), bytes,
+      return {comm::Transfer::Recv, rank, model_.output_grad(acts), bytes,
               tag(a.microbatch, a.chunk, true)};
     case Op::SendForward:
-      return {comm::Transfer::Send, peer, model_.output(acts), bytes,
-              tag(a.microbatch, peer_chunk, false)};
+      return {comm::Transfer::Send, rank, model_.output(acts), bytes,
+              tag(a.microbatch, peer.chunk, false)};
     case Op::SendBackward:
-      return {comm::Transfer::Send, peer, model_.input_grad(acts), bytes,
-              tag(a.microbatch, peer_chunk, true)};
+      return {comm::Transfer::Send, rank, model_.input_grad(acts), bytes,
+              tag(a.microbatch, peer.chunk, true)};
     default:
       throw std::logic_error("transfer: not a send or receive");
   }
+}
+
+// A send to a neighbouring chunk on this rank: copies into that chunk's set.
+void PipelineExecutor::local_copy(const Action& a) {
+  const ChunkLocation peer = message_peer(placement_, stage_, a);
+  GptModel::Activations& from = acquire({a.microbatch, a.chunk});
+  GptModel::Activations& to = acquire({a.microbatch, peer.chunk});
+  if (a.op == Op::SendForward)
+    model_.backend().copy(model_.input_buffer(to), model_.output(from), model_.boundary_bytes());
+  else
+    model_.backend().copy(model_.output_grad(to), model_.input_grad(from), model_.boundary_bytes());
 }
 
 // Tags name the message by the receiving side's (microbatch, chunk) and direction.
@@ -128,58 +125,53 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
   PipelineStats stats;
   const auto start = Clock::now();
   std::vector<int> weights_done(size_t(v_), 0);
-  for (std::size_t i = 0; i < actions_.size(); ++i) {
-    const Action& a = actions_[i];
+  // The chunk holding the embedding also gets the gradient of a head on this rank.
+  const auto& chunks = model_.partition().chunks;
+  int first = -1, last = -1;
+  for (int c = 0; c < v_; ++c) {
+    if (chunks[size_t(c)].first) first = c;
+    if (chunks[size_t(c)].last) last = c;
+  }
+  std::vector<bool> reported(size_t(v_), false);
+  auto final = [&](int c) {
+    const bool mine = weights_done[size_t(c)] == m_;
+    return mine && (c != first || last < 0 || weights_done[size_t(last)] == m_);
+  };
+  for (const Step& step : steps_) {
+    const Action& a = step.actions[0];
     const Key key{a.microbatch, a.chunk};
-    const ChunkSpec& spec = model_.partition().chunks[size_t(a.chunk)];
+    const ChunkSpec& spec = chunks[size_t(a.chunk)];
     const auto t0 = Clock::now();
     bool compute = false;
-    const Action* paired = nullptr;  // a receive run in the same batch as this send
-    switch (a.op) {
-      case Op::RecvForward:
-      case Op::RecvBackward:
-        world_.exchange({transfer(a)});
-        break;
-      case Op::Forward: {
-        GptModel::Activations& acts = acquire(key);
-        if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
-        stats.loss_sum += model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts),
-                                         targets_.data(), loss_scale);
-        compute = true;
-        break;
-      }
-      case Op::SendForward:
-      case Op::SendBackward: {
-        // A send followed by a receive from the same neighbour (1F1B's steady state) goes
-        // out as one batch: with NCCL, a lone send on a stream can wait for a receive the
-        // peer has queued behind its own send, and both stages would hang.
-        const comm::Transfer send = transfer(a);
-        int unused = 0;
-        if (i + 1 < actions_.size() && is_receive(actions_[i + 1].op) &&
-            peer_for(actions_[i + 1].op, actions_[i + 1].chunk, &unused) == send.peer) {
-          paired = &actions_[++i];
-          world_.exchange({send, transfer(*paired)});
-        } else {
-          sends_[key].push_back(world_.exchange_start({send}));
+    if (step.kind == Step::Messages) {
+      std::vector<comm::Transfer> transfers;
+      for (const Action& m : step.actions) transfers.push_back(transfer(m));
+      world_.exchange(transfers);
+      for (const Action& m : step.actions) sent(m);
+    } else if (step.kind == Step::LocalCopy) {
+      local_copy(a);
+      sent(a);
+    } else if (a.op == Op::Forward) {
+      GptModel::Activations& acts = acquire(key);
+      if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
+      stats.loss_sum += model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts),
+                                       targets_.data(), loss_scale);
+      compute = true;
+    } else if (a.op == Op::BackwardInput) {
+      model_.backward_input(a.chunk, acquire(key));
+      compute = true;
+    } else {
+      model_.backward_weight(a.chunk, acquire(key));
+      compute = true;
+      // The input gradient may still have to be sent (schedules that run W first).
+      weight_done_.insert(key);
+      if (spec.first || gradient_sent_.count(key)) release(key);
+      ++weights_done[size_t(a.chunk)];
+      for (int c = 0; c < v_ && chunk_done; ++c)
+        if (!reported[size_t(c)] && final(c)) {
+          reported[size_t(c)] = true;
+          chunk_done(c);
         }
-        if (a.op == Op::SendBackward) {
-          gradient_sent_.insert(key);
-          if (weight_done_.count(key)) release(key);  // W already ran
-        }
-        break;
-      }
-      case Op::BackwardInput:
-        model_.backward_input(a.chunk, acquire(key));
-        compute = true;
-        break;
-      case Op::BackwardWeight:
-        model_.backward_weight(a.chunk, acquire(key));
-        compute = true;
-        // The input gradient may still have to be sent (schedules that run W first).
-        weight_done_.insert(key);
-        if (spec.first || gradient_sent_.count(key)) release(key);
-        if (++weights_done[size_t(a.chunk)] == m_ && chunk_done) chunk_done(a.chunk);
-        break;
     }
     // A device backend queues its work: wait for it, so compute time is measured where
     // it is spent (a no-op on the CPU).
@@ -187,26 +179,27 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     const auto t1 = Clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count();
     (compute ? stats.compute_s : stats.wait_s) += s;
-    stats.peak_activations = std::max(stats.peak_activations, int(live_.size() + draining_.size()));
-    if (on_action) on_action(a, t0, t1);
-    if (on_action && paired) on_action(*paired, t0, t1);
+    stats.peak_activations = std::max(stats.peak_activations, int(live_.size()));
+    if (on_action)
+      for (const Action& m : step.actions) on_action(m, t0, t1);
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
-  const auto d0 = Clock::now();
-  drain();
-  stats.wait_s += std::chrono::duration<double>(Clock::now() - d0).count();
   stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;
 }
 
+// Forward only, one micro-batch at a time through the virtual stages in order: each
+// message is a lone blocking send or receive, and the chain never closes a cycle.
 double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out) {
   double loss_sum = 0;
   for (int mb = 0; mb < count; ++mb) {
-    for (int c = 0; c < v_; ++c) {  // one micro-batch at a time, through every chunk in turn
+    for (int c = 0; c < v_; ++c) {  // a rank's chunks come in virtual-stage order
       const ChunkSpec& spec = model_.partition().chunks[size_t(c)];
       const Key key{mb, c};
       GptModel::Activations& acts = acquire(key);
-      if (!spec.first) world_.exchange({transfer({Op::RecvForward, mb, c})});
+      const Action receive{Op::RecvForward, mb, c}, send{Op::SendForward, mb, c};
+      if (!spec.first && placement_.previous(stage_, c).stage != stage_)
+        world_.exchange({transfer(receive)});
       if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
                                  targets_.data(), 0.0f);
@@ -214,35 +207,14 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
         const std::vector<float>& l = model_.position_losses(acts);
         losses_out->insert(losses_out->end(), l.begin(), l.end());
       }
-      if (!spec.last) world_.exchange({transfer({Op::SendForward, mb, c})});
+      if (!spec.last) {
+        if (is_local_send(placement_, stage_, send)) local_copy(send);
+        else world_.exchange({transfer(send)});
+      }
       release(key);
     }
   }
-  drain();
   return loss_sum;
-}
-
-void PipelineExecutor::recycle_sent() {
-  // Sets whose messages have all left go back to the pool, so a schedule that holds few
-  // sets at once (1F1B) also allocates few.
-  for (auto it = draining_.begin(); it != draining_.end();) {
-    const bool sent = std::all_of(it->sends.begin(), it->sends.end(),
-                                  [](const auto& op) { return op->test(); });
-    if (sent) {
-      pool_[size_t(it->chunk)].push_back(std::move(it->acts));
-      it = draining_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void PipelineExecutor::drain() {
-  for (Draining& d : draining_) {
-    for (auto& op : d.sends) op->wait();
-    pool_[size_t(d.chunk)].push_back(std::move(d.acts));
-  }
-  draining_.clear();
 }
 
 }  // namespace pptrain

@@ -1,7 +1,8 @@
-// Runs one rank's pipeline schedule (schedule.hpp) on the model: forwards, split
-// backwards, and the activation/gradient messages between neighbouring stages.
-// Activation sets are taken from a pool when a micro-batch enters a chunk and given
-// back as soon as its weight-gradient pass is done.
+// Runs one rank's pipeline schedule (schedule.hpp) on the model: exactly the steps of
+// build_steps, the ones the simulator proves: forwards, split backwards, local copies
+// and blocking batches of activation/gradient messages. Activation sets are taken from
+// a pool when a micro-batch enters a chunk and given back once its weight-gradient pass
+// is done and its input gradient has left.
 #pragma once
 #include <chrono>
 #include <functional>
@@ -22,9 +23,9 @@ namespace pptrain {
 std::vector<std::pair<int, int>> split_layers(int n_layer, int parts,
                                               const std::vector<int>& counts = {});
 
-// The chunks (virtual stages stage, stage+pp, ...) and tp shard a rank holds.
-ModelPartition pipeline_partition(const ModelConfig& model, int pp, int stage,
-                                  int virtual_stages, int tp_size, int tp_rank,
+// The chunks (the placement's virtual stages of `stage`) and tp shard a rank holds.
+ModelPartition pipeline_partition(const ModelConfig& model, const Placement& placement, int stage,
+                                  int tp_size, int tp_rank,
                                   const std::vector<int>& layers_per_stage = {});
 
 struct PipelineStats {
@@ -49,7 +50,8 @@ class PipelineExecutor {
 
   // One training step's schedule with loss scale `loss_scale` per micro-batch. Every
   // weight gradient is accumulated when it returns; chunk_done(c) is called as soon as
-  // chunk c's last weight-gradient pass has run.
+  // chunk c's gradients are final: its last weight-gradient pass has run (and, for the
+  // chunk holding the token embedding, that of a local head chunk sharing it).
   PipelineStats train_step(const BatchFn& batch, float loss_scale, const ActionFn& on_action = {},
                            const std::function<void(int)>& chunk_done = {});
   // Forward only through `count` micro-batches; returns the sum of their mean losses
@@ -61,27 +63,19 @@ class PipelineExecutor {
   using Key = std::pair<int, int>;  // (microbatch, chunk)
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
-  void drain();  // waits for every send still leaving and returns its set to the pool
-  void recycle_sent();  // returns the draining sets whose sends have completed
-  int peer_for(Op op, int chunk, int* peer_chunk) const;
   int tag(int microbatch, int chunk, bool backward) const;
-  static bool is_receive(Op op);
   comm::Transfer transfer(const Action& a);
+  void local_copy(const Action& a);
+  void sent(const Action& a);  // after a SendBackward: release the set if W has run
 
   GptModel& model_;
   comm::World& world_;
   std::vector<int> pp_ranks_;
-  std::vector<Action> actions_;
+  Placement placement_;
+  std::vector<Step> steps_;
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
-  std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
-  struct Draining {
-    int chunk;
-    std::unique_ptr<GptModel::Activations> acts;
-    std::vector<std::unique_ptr<comm::PendingOp>> sends;
-  };
-  std::vector<Draining> draining_;
   std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
 };

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "pipeline/zb_v.hpp"
+
 namespace pptrain {
 
 ScheduleKind parse_schedule(const std::string& name) {
@@ -12,8 +14,9 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved;
   if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
+  if (name == "zb-v") return ScheduleKind::ZeroBubbleV;
   throw std::invalid_argument("unknown pipeline schedule '" + name +
-                              "' (expected gpipe, 1f1b, interleaved or zb-h1)");
+                              "' (expected gpipe, 1f1b, interleaved, zb-h1 or zb-v)");
 }
 
 std::string schedule_name(ScheduleKind kind) {
@@ -22,6 +25,7 @@ std::string schedule_name(ScheduleKind kind) {
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved: return "interleaved";
     case ScheduleKind::ZeroBubbleH1: return "zb-h1";
+    case ScheduleKind::ZeroBubbleV: return "zb-v";
   }
   return "?";
 }
@@ -32,6 +36,11 @@ std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batch
   if (pp < 1) return "pp must be >= 1 (got " + std::to_string(pp) + ")";
   if (micro_batches < 1)
     return "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")";
+  if (kind == ScheduleKind::ZeroBubbleV) {
+    if (virtual_stages != 2)
+      return "zb-v needs virtual_stages = 2 (got " + std::to_string(virtual_stages) + ")";
+    return "";
+  }
   if (kind != ScheduleKind::Interleaved) {
     if (virtual_stages != 1)
       return "virtual_stages must be 1 for " + name + " (got " +
@@ -45,6 +54,11 @@ std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batch
     return "interleaved needs micro_batches to be a multiple of pp (got " +
            std::to_string(micro_batches) + " and " + std::to_string(pp) + ")";
   return "";
+}
+
+Placement schedule_placement(ScheduleKind kind, int pp, int virtual_stages) {
+  return Placement(kind == ScheduleKind::ZeroBubbleV ? PlacementKind::V : PlacementKind::Looped,
+                   pp, virtual_stages);
 }
 
 const char* op_name(Op op) {
@@ -65,37 +79,52 @@ std::string to_string(const Action& a) {
          std::to_string(a.chunk) + ")";
 }
 
+ChunkLocation message_peer(const Placement& placement, int stage, const Action& a) {
+  const bool towards_next = a.op == Op::SendForward || a.op == Op::RecvBackward;
+  return towards_next ? placement.next(stage, a.chunk) : placement.previous(stage, a.chunk);
+}
+
+bool is_local_send(const Placement& placement, int stage, const Action& a) {
+  return is_send(a.op) && message_peer(placement, stage, a).stage == stage;
+}
+
 namespace {
 
 // Appends compute actions of one stage together with the messages they need.
 class ListBuilder {
  public:
-  ListBuilder(int pp, int stage, int v) : pp_(pp), stage_(stage), v_(v) {}
+  ListBuilder(const Placement& placement, int stage) : placement_(placement), stage_(stage) {}
 
   void forward(int mb, int chunk) {
-    if (!is_first_virtual_stage(stage_, chunk)) add(Op::RecvForward, mb, chunk);
+    if (!placement_.is_first(stage_, chunk) && !local(placement_.previous(stage_, chunk)))
+      add(Op::RecvForward, mb, chunk);
     add(Op::Forward, mb, chunk);
-    if (!is_last_virtual_stage(pp_, stage_, chunk, v_)) add(Op::SendForward, mb, chunk);
+    if (!placement_.is_last(stage_, chunk)) add(Op::SendForward, mb, chunk);
   }
   // B and, with with_weight, its W before the gradient leaves (the classic backward).
   void backward(int mb, int chunk, bool with_weight) {
-    if (!is_last_virtual_stage(pp_, stage_, chunk, v_)) add(Op::RecvBackward, mb, chunk);
+    if (!placement_.is_last(stage_, chunk) && !local(placement_.next(stage_, chunk)))
+      add(Op::RecvBackward, mb, chunk);
     add(Op::BackwardInput, mb, chunk);
     if (with_weight) add(Op::BackwardWeight, mb, chunk);
-    if (!is_first_virtual_stage(stage_, chunk)) add(Op::SendBackward, mb, chunk);
+    if (!placement_.is_first(stage_, chunk)) add(Op::SendBackward, mb, chunk);
   }
   void weight(int mb, int chunk) { add(Op::BackwardWeight, mb, chunk); }
 
   std::vector<Action> take() { return std::move(list_); }
 
  private:
+  bool local(const ChunkLocation& peer) const { return peer.stage == stage_; }
   void add(Op op, int mb, int chunk) { list_.push_back({op, mb, chunk}); }
-  int pp_, stage_, v_;
+  Placement placement_;
+  int stage_;
   std::vector<Action> list_;
 };
 
+Placement looped(int pp, int v) { return Placement(PlacementKind::Looped, pp, v); }
+
 std::vector<Action> build_gpipe(int pp, int stage, int m) {
-  ListBuilder b(pp, stage, 1);
+  ListBuilder b(looped(pp, 1), stage);
   for (int mb = 0; mb < m; ++mb) b.forward(mb, 0);
   for (int mb = 0; mb < m; ++mb) b.backward(mb, 0, /*with_weight=*/true);
   return b.take();
@@ -104,7 +133,7 @@ std::vector<Action> build_gpipe(int pp, int stage, int m) {
 int one_f_one_b_warmup(int pp, int stage, int m) { return std::min(m, pp - stage - 1); }
 
 std::vector<Action> build_1f1b(int pp, int stage, int m) {
-  ListBuilder b(pp, stage, 1);
+  ListBuilder b(looped(pp, 1), stage);
   const int warmup = one_f_one_b_warmup(pp, stage, m);
   // Warm-up: forwards only, filling the pipeline below this stage.
   for (int mb = 0; mb < warmup; ++mb) b.forward(mb, 0);
@@ -123,7 +152,7 @@ std::vector<Action> build_1f1b(int pp, int stage, int m) {
 // holds up to pp sets in flight (the first stage's 1F1B peak), and the s Ws still
 // pending when the Bs are done fill the cool-down bubble.
 std::vector<Action> build_zb_h1(int pp, int stage, int m) {
-  ListBuilder b(pp, stage, 1);
+  ListBuilder b(looped(pp, 1), stage);
   const int warmup = one_f_one_b_warmup(pp, stage, m);
   int next_weight = 0;
   auto backward_then_deferred_weight = [&](int mb) {
@@ -152,7 +181,7 @@ int interleaved_warmup(int pp, int stage, int m, int v) {
 // (k / (pp*v)) * pp + k % pp on chunk (k % (pp*v)) / pp: groups of pp microbatches go
 // through chunk 0, then chunk 1, ...; backwards visit the chunks in reverse.
 std::vector<Action> build_interleaved(int pp, int stage, int m, int v) {
-  ListBuilder b(pp, stage, v);
+  ListBuilder b(looped(pp, v), stage);
   const int group = pp * v;
   const int total = m * v;
   auto microbatch = [&](int k) { return (k / group) * pp + k % pp; };
@@ -169,6 +198,18 @@ std::vector<Action> build_interleaved(int pp, int stage, int m, int v) {
   // Cool-down: the remaining backwards.
   for (int k = total - warmup; k < total; ++k)
     b.backward(microbatch(k), backward_chunk(k), /*with_weight=*/true);
+  return b.take();
+}
+
+// ZB-V: the list scheduler's compute order for this stage, with its messages.
+std::vector<Action> build_zb_v(int pp, int stage, int m) {
+  ListBuilder b(Placement(PlacementKind::V, pp, 2), stage);
+  const std::vector<Action> order = zb_v_compute_order(pp, m)[size_t(stage)];
+  for (const Action& a : order) {
+    if (a.op == Op::Forward) b.forward(a.microbatch, a.chunk);
+    else if (a.op == Op::BackwardInput) b.backward(a.microbatch, a.chunk, /*with_weight=*/false);
+    else b.weight(a.microbatch, a.chunk);
+  }
   return b.take();
 }
 
@@ -191,8 +232,18 @@ std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int mic
     case ScheduleKind::Interleaved:
       return build_interleaved(pp, stage, micro_batches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1: return build_zb_h1(pp, stage, micro_batches);
+    case ScheduleKind::ZeroBubbleV: return build_zb_v(pp, stage, micro_batches);
   }
   throw std::invalid_argument("unknown schedule kind");
+}
+
+std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
+                              int virtual_stages) {
+  require_valid(kind, pp, stage, micro_batches, virtual_stages);
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < pp; ++s)
+    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages));
+  return batch_messages(lists, schedule_placement(kind, pp, virtual_stages))[size_t(stage)];
 }
 
 int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,
@@ -203,6 +254,7 @@ int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,
     case ScheduleKind::GPipe: return m * virtual_stages;
     case ScheduleKind::OneFOneB: return std::min(m, pp - stage);
     case ScheduleKind::ZeroBubbleH1: return std::min(m, pp);
+    case ScheduleKind::ZeroBubbleV: return std::min(2 * m, zb_v_set_limit(pp));
     case ScheduleKind::Interleaved: {
       const int total = m * virtual_stages;
       return std::min(total, interleaved_warmup(pp, stage, m, virtual_stages) + 1);

@@ -6,20 +6,25 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/placement.hpp"
+
 namespace pptrain {
 
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
 
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1"; std::invalid_argument otherwise.
+// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-v"; std::invalid_argument otherwise.
 ScheduleKind parse_schedule(const std::string& name);
 std::string schedule_name(ScheduleKind kind);
 
 // "" when the schedule can run with these sizes, otherwise the reason in one line.
 // All kinds need pp, micro_batches, virtual_stages >= 1. gpipe, 1f1b and zb-h1 need
 // virtual_stages == 1. interleaved (Megatron's rules) needs pp >= 2,
-// virtual_stages >= 2 and micro_batches a multiple of pp.
+// virtual_stages >= 2 and micro_batches a multiple of pp. zb-v needs virtual_stages == 2.
 std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batches,
                                       int virtual_stages);
+
+// The placement a schedule runs on: V for zb-v, looped for every other kind.
+Placement schedule_placement(ScheduleKind kind, int pp, int virtual_stages);
 
 enum class Op {
   RecvForward,     // receive the input activation of (microbatch, chunk)
@@ -31,9 +36,10 @@ enum class Op {
   BackwardWeight,  // W: gradients of the chunk's weights
 };
 
-// One step of one pipeline rank. `chunk` is the local model chunk (0..v-1); chunk c on
-// stage s is virtual stage c*pp + s. Activations of (microbatch, chunk) flow to the next
-// virtual stage, gradients to the previous one.
+// One action of one pipeline rank. `chunk` is the local model chunk (0..v-1); the
+// schedule's placement maps it to a virtual stage. Activations of (microbatch, chunk)
+// flow to the next virtual stage, gradients to the previous one. A send to a virtual
+// stage on the same rank is a local copy, and has no receive.
 struct Action {
   Op op;
   int microbatch;
@@ -44,34 +50,68 @@ struct Action {
 const char* op_name(Op op);
 std::string to_string(const Action& action);  // e.g. "Forward(mb 2, chunk 0)"
 
-// Virtual stage of (stage, chunk) and its neighbours along the model.
-inline int virtual_stage(int pp, int stage, int chunk) { return chunk * pp + stage; }
-inline bool is_first_virtual_stage(int stage, int chunk) { return stage == 0 && chunk == 0; }
-inline bool is_last_virtual_stage(int pp, int stage, int chunk, int virtual_stages) {
-  return stage == pp - 1 && chunk == virtual_stages - 1;
-}
+inline bool is_send(Op op) { return op == Op::SendForward || op == Op::SendBackward; }
+inline bool is_receive(Op op) { return op == Op::RecvForward || op == Op::RecvBackward; }
+inline bool is_compute(Op op) { return !is_send(op) && !is_receive(op); }
+
+// Where a send goes or a receive comes from: the neighbouring virtual stage's location
+// (activations go to the next virtual stage, gradients to the previous one).
+ChunkLocation message_peer(const Placement& placement, int stage, const Action& a);
+// A send whose peer is on the same stage: a local copy, never a message.
+bool is_local_send(const Placement& placement, int stage, const Action& a);
+
+// One step of a rank's schedule, run as a unit: a single compute action, a single local
+// copy, or a batch of sends and receives to other ranks that are all posted together and
+// complete together (one MPI wait-all, one NCCL group).
+struct Step {
+  enum Kind { Compute, LocalCopy, Messages } kind;
+  std::vector<Action> actions;  // exactly one unless kind == Messages
+  bool operator==(const Step&) const = default;
+};
+
+// The rule that decides which messages travel together (batching.cpp), a pure function
+// of every stage's action list. It times the compute actions on a nominal clock (each F,
+// B and W one unit, messages free) and gives every message the round at which its
+// consumer starts; each stage then runs one batch per round at that point of its list:
+// receives just before the compute that needs them, sends deferred until the peer needs
+// them. Both ends of a message are in the same round, so whatever the real timing, no
+// stage can wait on a later round of another: every round completes. Within a batch the
+// messages are sorted the same way on both sides, so per-peer issue orders agree. A
+// local send becomes a LocalCopy step right after its compute. std::logic_error if the
+// lists cannot run even with free messages.
+std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Action>>& lists,
+                                              const Placement& placement);
 
 // The ordered action list of `stage` (0-based). Each Forward is preceded by its
 // RecvForward and followed by its SendForward, each BackwardInput preceded by its
 // RecvBackward and followed by its SendBackward, where those messages exist (the first
 // virtual stage receives no activation and sends no gradient; the last sends no
-// activation and receives no gradient: it computes the loss).
+// activation and receives no gradient: it computes the loss; a neighbour on the same
+// rank gets a local SendForward / SendBackward and nothing is received).
 //   gpipe:       all forwards, then all backwards; B, W, then the gradient send.
 //   1f1b:        warm-up min(m, pp-stage-1) forwards, steady one-forward-one-backward,
 //                cool-down backwards; B, W, then the gradient send.
 //   interleaved: Megatron's interleaved 1F1B over v chunks.
 //   zb-h1:       1F1B's forward/B order with the gradient sent right after B; stage s
 //                defers each W by s microbatches, and the deferred Ws fill the cool-down.
+//   zb-v:        zero-bubble V (Qi et al., arXiv 2401.10241): two chunks in a V, the
+//                order found by list-scheduling all stages together with unit F, B and W
+//                times (see zb_v.cpp); at most 2*pp chunk sets (1F1B's memory) per stage.
 // Throws std::invalid_argument when schedule_constraint_error is not empty or the stage
 // is out of range.
 std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int micro_batches,
                                    int virtual_stages);
+// What the executor runs and the simulator proves: batch_messages over every stage's
+// build_schedule, this stage's steps.
+std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
+                              int virtual_stages);
 
 // The most (microbatch, chunk) sets a stage holds between their Forward and their
 // BackwardWeight under this schedule: gpipe m*v; 1f1b min(m, pp-stage); interleaved
 // Megatron's warm-up count + 1 (m*v when m == pp); zb-h1 min(m, pp): its deferred Ws
 // keep up to `stage` extra sets alive, holding only the inputs W needs, while the sets
-// awaiting B never exceed 1F1B's min(m, pp-stage) (see backward_bound).
+// awaiting B never exceed 1F1B's min(m, pp-stage) (see backward_bound); zb-v
+// min(2m, 2pp) sets of half a stage's layers, 1F1B's first-stage memory.
 int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,
                      int virtual_stages);
 // The most sets between their Forward and their BackwardInput (full activations kept).

@@ -1,24 +1,19 @@
-// Discrete-time simulation of all stages' action lists: each stage runs its list in
-// order, blocking only in receives; messages wait in FIFO channels between stages.
+// Discrete-time simulation of all stages' steps: each stage runs its steps in order; a
+// posted batch waits until the counterpart of each of its messages is posted.
 #include "pipeline/simulator.hpp"
 
 #include <algorithm>
-#include <deque>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 #include <string>
-#include <tuple>
+#include <utility>
 
 namespace pptrain {
 namespace {
 
 enum class Kind { Activation, Gradient };
-
-// A message in flight, named by the (microbatch, chunk) of its receiver.
-struct Message {
-  int microbatch, chunk;
-  double sent_at;
-};
+const char* kind_name(Kind k) { return k == Kind::Activation ? "activation" : "gradient"; }
 
 // What has happened to one (microbatch, chunk) on one stage.
 struct Unit {
@@ -27,36 +22,53 @@ struct Unit {
 };
 
 struct StageState {
-  size_t next = 0;  // index of the next action to run
+  size_t next = 0;  // index of the next step to run
   double clock = 0, busy = 0;
+  bool posted = false;  // the current step is a batch whose messages are posted
+  double post_time = 0;
   int alive = 0, awaiting_backward = 0;
   int peak_alive = 0, peak_awaiting = 0;
   std::vector<Unit> units;  // index microbatch * v + chunk
 };
 
-// Where a message of this action goes (sends) or comes from (receives).
-struct Route {
-  int peer;        // the other stage
-  int peer_chunk;  // its chunk
+// One message as its sender and its receiver name it.
+struct Message {
+  int microbatch, chunk;  // the receiver's
   Kind kind;
+  bool operator==(const Message&) const = default;
+};
+std::string to_string(const Message& m) {
+  return std::string(kind_name(m.kind)) + " of (mb " + std::to_string(m.microbatch) +
+         ", chunk " + std::to_string(m.chunk) + ")";
+}
+
+// Where a message of a batch sits, and where its counterpart sits.
+struct Slot {
+  int stage;
+  size_t step, action;
 };
 
 class Simulation {
  public:
-  Simulation(const std::vector<std::vector<Action>>& lists, int pp, int m, int v,
-             const StageCosts& costs)
-      : lists_(lists), pp_(pp), m_(m), v_(v), costs_(costs), stages_(size_t(pp)) {
-    for (auto& s : stages_) s.units.resize(size_t(m * v));
+  Simulation(const std::vector<std::vector<Step>>& steps, const Placement& placement, int m,
+             const StageCosts& costs, const std::vector<int>& layers)
+      : steps_(steps), placement_(placement), pp_(placement.pp()), m_(m), v_(placement.chunks()),
+        costs_(costs), stages_(size_t(pp_)) {
+    for (auto& s : stages_) s.units.resize(size_t(m * v_));
+    set_chunk_shares(layers);
+    match_messages();
   }
 
   SimulationResult run() {
     for (bool progress = true; progress;) {
       progress = false;
       for (int s = 0; s < pp_; ++s)
-        while (!finished(s) && try_step(s)) progress = true;
+        while (!finished(s) && advance(s)) progress = true;
+      for (int s = 0; s < pp_; ++s)
+        if (!finished(s) && complete_batch(s)) progress = true;
     }
-    report_blocked();
-    report_leftovers();
+    report_deadlock();
+    report_missing();
     SimulationResult r;
     for (const auto& st : stages_) {
       r.makespan = std::max(r.makespan, st.clock);
@@ -72,98 +84,200 @@ class Simulation {
   }
 
  private:
-  bool finished(int s) const { return stages_[size_t(s)].next >= lists_[size_t(s)].size(); }
-  const Action& current(int s) const { return lists_[size_t(s)][stages_[size_t(s)].next]; }
+  bool finished(int s) const { return stages_[size_t(s)].next >= steps_[size_t(s)].size(); }
+  const Step& current(int s) const { return steps_[size_t(s)][stages_[size_t(s)].next]; }
 
-  [[noreturn]] void fail(int s, const std::string& problem) const {
-    throw std::logic_error("pipeline schedule: stage " + std::to_string(s) + ", action " +
-                           std::to_string(stages_[size_t(s)].next) + " " +
-                           to_string(current(s)) + ": " + problem);
+  static std::string describe(const Step& step) {
+    if (step.kind != Step::Messages) return to_string(step.actions[0]);
+    std::string out = "{";
+    for (const Action& a : step.actions) out += (out.size() > 1 ? ", " : "") + to_string(a);
+    return out + "}";
+  }
+  std::string where(int s, size_t step) const {
+    return "stage " + std::to_string(s) + ", step " + std::to_string(step) + " " +
+           describe(steps_[size_t(s)][step]);
+  }
+  [[noreturn]] void fail(int s, size_t step, const std::string& problem) const {
+    throw std::logic_error("pipeline schedule: " + where(s, step) + ": " + problem);
   }
   void require(bool ok, int s, const std::string& problem) const {
-    if (!ok) fail(s, problem);
+    if (!ok) fail(s, stages_[size_t(s)].next, problem);
   }
 
-  // The neighbour an action talks to: sends go to the next (activation) or previous
-  // (gradient) virtual stage, receives come from the previous or the next.
-  Route route(int s, const Action& a) const {
-    const bool to_next = a.op == Op::SendForward || a.op == Op::RecvBackward;
+  // Each chunk's cost as a share of its stage's: its layers over the stage's mean.
+  void set_chunk_shares(const std::vector<int>& layers) {
+    share_.assign(size_t(placement_.virtual_stages()), 1.0 / v_);
+    if (layers.empty()) return;
+    if (int(layers.size()) != placement_.virtual_stages())
+      throw std::invalid_argument("simulate: layers_per_virtual_stage needs one count per "
+                                  "virtual stage");
+    const double total = std::accumulate(layers.begin(), layers.end(), 0.0);
+    if (total <= 0) throw std::invalid_argument("simulate: the model has no layers");
+    for (size_t k = 0; k < layers.size(); ++k) share_[k] = layers[k] * pp_ / total;
+  }
+  double share(int s, int chunk) const {
+    return share_[size_t(placement_.virtual_stage(s, chunk))];
+  }
+
+  // The other side of a message action: its stage, and the message it carries.
+  std::pair<int, Message> peer_of(int s, size_t step, const Action& a) const {
+    const bool ok = a.microbatch >= 0 && a.microbatch < m_ && a.chunk >= 0 && a.chunk < v_;
+    if (!ok) fail(s, step, "microbatch or chunk out of range");
+    const bool next = a.op == Op::SendForward || a.op == Op::RecvBackward;
+    if (next && placement_.is_last(s, a.chunk))
+      fail(s, step, to_string(a) + ": the last virtual stage has no next virtual stage");
+    if (!next && placement_.is_first(s, a.chunk))
+      fail(s, step, to_string(a) + ": the first virtual stage has no previous virtual stage");
+    const ChunkLocation peer = message_peer(placement_, s, a);
     const Kind kind = (a.op == Op::SendForward || a.op == Op::RecvForward) ? Kind::Activation
                                                                            : Kind::Gradient;
-    if (to_next) {
-      require(!is_last_virtual_stage(pp_, s, a.chunk, v_), s,
-              "the last virtual stage has no next virtual stage");
-      return {(s + 1) % pp_, s == pp_ - 1 ? a.chunk + 1 : a.chunk, kind};
+    const int receiver_chunk = is_send(a.op) ? peer.chunk : a.chunk;
+    return {peer.stage, {a.microbatch, receiver_chunk, kind}};
+  }
+
+  // Pairs every send with its receive by issue order per (sender, receiver), as NCCL
+  // does, and rejects lists whose two sides disagree.
+  void match_messages() {
+    std::map<std::pair<int, int>, std::vector<std::pair<Slot, Message>>> sends, receives;
+    for (int s = 0; s < pp_; ++s) {
+      const auto& list = steps_[size_t(s)];
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Step& step = list[i];
+        if (step.actions.empty()) fail(s, i, "empty step");
+        for (size_t j = 0; j < step.actions.size(); ++j) {
+          const Action& a = step.actions[j];
+          const bool message = step.kind == Step::Messages;
+          if ((step.kind == Step::Compute) != is_compute(a.op) || (!message && j > 0))
+            fail(s, i, "a step mixes computation and messages");
+          if (step.kind == Step::Compute) continue;
+          const auto [peer, msg] = peer_of(s, i, a);
+          if (!message) {
+            if (peer != s || !is_send(a.op))
+              fail(s, i, "a local copy must be a send to the same stage");
+            continue;
+          }
+          if (peer == s)
+            fail(s, i, to_string(a) + ": a message to its own stage (a neighbour on the same "
+                                      "stage is a local copy, with no receive)");
+          if (is_send(a.op)) sends[{s, peer}].push_back({{s, i, j}, msg});
+          else receives[{peer, s}].push_back({{s, i, j}, msg});
+        }
+      }
     }
-    require(!is_first_virtual_stage(s, a.chunk), s,
-            "the first virtual stage has no previous virtual stage");
-    return {(s + pp_ - 1) % pp_, s == 0 ? a.chunk - 1 : a.chunk, kind};
+    for (auto& [channel, sent] : sends) {
+      const auto [from, to] = channel;
+      const auto& got = receives[channel];
+      for (size_t k = 0; k < sent.size(); ++k) {
+        const auto& [slot, msg] = sent[k];
+        if (k >= got.size())
+          fail(from, slot.step, "stage " + std::to_string(from) + " sends the " + to_string(msg) +
+                                    " that stage " + std::to_string(to) + " never receives");
+        if (!(got[k].second == msg))
+          fail(to, got[k].first.step,
+               "message " + std::to_string(k) + " from stage " + std::to_string(from) +
+                   " is the " + to_string(msg) + ", but this receive expects the " +
+                   to_string(got[k].second) +
+                   ": sender and receiver order their messages differently");
+        partner_[key(slot)] = got[k].first;
+        partner_[key(got[k].first)] = slot;
+      }
+    }
+    for (auto& [channel, got] : receives) {
+      const size_t sent = sends.count(channel) ? sends[channel].size() : 0;
+      if (got.size() > sent) {
+        const auto& [slot, msg] = got[sent];
+        fail(slot.stage, slot.step, "receives the " + to_string(msg) + ", a message that stage " +
+                                        std::to_string(channel.first) + " never sends");
+      }
+    }
   }
+  static std::tuple<int, size_t, size_t> key(const Slot& s) { return {s.stage, s.step, s.action}; }
 
-  std::deque<Message>& channel(int from, int to, Kind kind) {
-    return channels_[{from, to, int(kind)}];
-  }
-
-  // Runs the current action of stage s; false when it is a receive that must wait.
-  bool try_step(int s) {
+  // Runs compute steps and local copies, and posts batches; false when the stage is
+  // waiting in a posted batch.
+  bool advance(int s) {
     StageState& st = stages_[size_t(s)];
-    const Action& a = current(s);
+    const Step& step = current(s);
+    if (step.kind == Step::Messages) {
+      if (st.posted) return false;
+      for (const Action& a : step.actions) post(s, a);
+      st.posted = true;
+      st.post_time = st.clock;
+      return true;
+    }
+    const Action& a = step.actions[0];
     require(a.microbatch >= 0 && a.microbatch < m_ && a.chunk >= 0 && a.chunk < v_, s,
             "microbatch or chunk out of range");
-    Unit& u = st.units[size_t(a.microbatch * v_ + a.chunk)];
-    const double scale = 1.0 / v_;
+    Unit& u = unit(s, a);
+    const double cost = share(s, a.chunk);
     switch (a.op) {
-      case Op::RecvForward:
-        require(!u.received_input, s, "duplicated");
-        if (!receive(s, a)) return false;
-        u.received_input = true;
-        break;
       case Op::Forward:
         require(!u.forward, s, "duplicated");
-        require(is_first_virtual_stage(s, a.chunk) || u.received_input, s,
-                "Forward before its RecvForward");
+        require(placement_.is_first(s, a.chunk) || u.received_input, s,
+                "Forward before its input arrived");
         u.forward = true;
         st.peak_alive = std::max(st.peak_alive, ++st.alive);
         st.peak_awaiting = std::max(st.peak_awaiting, ++st.awaiting_backward);
-        compute(st, costs_.forward * scale);
-        break;
-      case Op::SendForward:
-        require(!u.sent_output, s, "duplicated");
-        require(u.forward, s, "SendForward before its Forward");
-        send(s, a);
-        u.sent_output = true;
-        break;
-      case Op::RecvBackward:
-        require(!u.received_grad, s, "duplicated");
-        require(u.forward, s, "RecvBackward before its Forward");
-        if (!receive(s, a)) return false;
-        u.received_grad = true;
+        compute(st, costs_.forward * cost);
         break;
       case Op::BackwardInput:
         require(!u.backward, s, "duplicated");
         require(u.forward, s, "BackwardInput before its Forward");
-        require(is_last_virtual_stage(pp_, s, a.chunk, v_) || u.received_grad, s,
-                "BackwardInput before its RecvBackward");
+        require(placement_.is_last(s, a.chunk) || u.received_grad, s,
+                "BackwardInput before its output gradient arrived");
         u.backward = true;
         --st.awaiting_backward;
-        compute(st, costs_.backward_input * scale);
-        break;
-      case Op::SendBackward:
-        require(!u.sent_grad, s, "duplicated");
-        require(u.backward, s, "SendBackward before its BackwardInput");
-        send(s, a);
-        u.sent_grad = true;
+        compute(st, costs_.backward_input * cost);
         break;
       case Op::BackwardWeight:
         require(!u.weight, s, "duplicated");
         require(u.backward, s, "BackwardWeight before its BackwardInput");
         u.weight = true;
         --st.alive;
-        compute(st, costs_.backward_weight * scale);
+        compute(st, costs_.backward_weight * cost);
         break;
+      default: {  // a local copy
+        post(s, a);
+        const ChunkLocation peer = message_peer(placement_, s, a);
+        Unit& to = st.units[size_t(a.microbatch * v_ + peer.chunk)];
+        bool& arrived = a.op == Op::SendForward ? to.received_input : to.received_grad;
+        require(!arrived, s, "duplicated");
+        arrived = true;
+        break;
+      }
     }
     ++st.next;
     return true;
+  }
+
+  Unit& unit(int s, const Action& a) {
+    return stages_[size_t(s)].units[size_t(a.microbatch * v_ + a.chunk)];
+  }
+
+  // What posting a message needs: a send's data exists, a receive's buffer is free.
+  void post(int s, const Action& a) {
+    Unit& u = unit(s, a);
+    switch (a.op) {
+      case Op::SendForward:
+        require(u.forward && !u.sent_output, s,
+                u.sent_output ? "duplicated SendForward" : "SendForward before its Forward");
+        u.sent_output = true;
+        break;
+      case Op::SendBackward:
+        require(u.backward && !u.sent_grad, s,
+                u.sent_grad ? "duplicated SendBackward" : "SendBackward before its BackwardInput");
+        u.sent_grad = true;
+        break;
+      case Op::RecvForward:
+        require(!u.received_input && !u.forward, s,
+                u.forward ? "RecvForward after its Forward" : "duplicated RecvForward");
+        break;
+      case Op::RecvBackward:
+        require(u.forward && !u.received_grad, s,
+                u.forward ? "duplicated RecvBackward" : "RecvBackward before its Forward");
+        break;
+      default: break;
+    }
   }
 
   static void compute(StageState& st, double cost) {
@@ -171,72 +285,78 @@ class Simulation {
     st.busy += cost;
   }
 
-  void send(int s, const Action& a) {
-    const Route r = route(s, a);
-    const double now = stages_[size_t(s)].clock;
-    channel(s, r.peer, r.kind).push_back({a.microbatch, r.peer_chunk, now});
-  }
-
-  bool receive(int s, const Action& a) {
-    const Route r = route(s, a);
-    auto& queue = channel(r.peer, s, r.kind);
-    if (queue.empty()) return false;
-    const Message msg = queue.front();
-    require(msg.microbatch == a.microbatch && msg.chunk == a.chunk, s,
-            "the oldest message from stage " + std::to_string(r.peer) +
-                " on this channel is for (mb " + std::to_string(msg.microbatch) + ", chunk " +
-                std::to_string(msg.chunk) + "): the sender's and receiver's orders differ");
-    queue.pop_front();
+  // Matches the messages of stage s's posted batch whose counterparts are posted, and
+  // completes the batch once all of its messages are matched.
+  bool complete_batch(int s) {
     StageState& st = stages_[size_t(s)];
-    st.clock = std::max(st.clock, msg.sent_at + costs_.p2p);
+    if (!st.posted) return false;
+    bool progress = false, all = true;
+    double t = st.post_time;
+    for (size_t j = 0; j < current(s).actions.size(); ++j) {
+      const auto mine = key({s, st.next, j});
+      auto done = matched_at_.find(mine);
+      if (done == matched_at_.end()) {
+        const Slot& other = partner_.at(mine);
+        const StageState& peer = stages_[size_t(other.stage)];
+        if (peer.next != other.step || !peer.posted) {
+          all = false;
+          continue;
+        }
+        const double at = std::max(st.post_time, peer.post_time) + costs_.p2p;
+        done = matched_at_.emplace(mine, at).first;
+        matched_at_.emplace(key(other), at);
+        progress = true;
+      }
+      t = std::max(t, done->second);
+    }
+    if (!all) return progress;
+    for (const Action& a : current(s).actions) {
+      if (a.op == Op::RecvForward) unit(s, a).received_input = true;
+      if (a.op == Op::RecvBackward) unit(s, a).received_grad = true;
+    }
+    st.clock = t;
+    st.posted = false;
+    ++st.next;
     return true;
   }
 
-  // True when stage `from`'s remaining list still sends what receive `a` on `to` expects.
-  bool will_send(int from, int to, const Action& a) const {
-    const Route want = route(to, a);
-    const auto& list = lists_[size_t(from)];
-    for (size_t i = stages_[size_t(from)].next; i < list.size(); ++i) {
-      const Action& b = list[i];
-      if (b.op != Op::SendForward && b.op != Op::SendBackward) continue;
-      if (b.microbatch != a.microbatch) continue;
-      const bool next = b.op == Op::SendForward;
-      if (next && is_last_virtual_stage(pp_, from, b.chunk, v_)) continue;
-      if (!next && is_first_virtual_stage(from, b.chunk)) continue;
-      const Route got = route(from, b);
-      if (got.peer == to && got.peer_chunk == a.chunk && got.kind == want.kind) return true;
-    }
-    return false;
-  }
-
-  // After the run: unfinished stages all wait in receives. Either some message is never
-  // sent, or the stages wait on each other (deadlock).
-  void report_blocked() const {
-    std::string waits;
+  // After the run every unfinished stage waits in a posted batch for a stage that has not
+  // posted the counterpart of one of its messages: follow who waits for whom until a
+  // stage repeats, and report that cycle.
+  void report_deadlock() const {
+    std::vector<int> waits_for(size_t(pp_), -1);
+    std::vector<std::string> why(static_cast<size_t>(pp_));
     for (int s = 0; s < pp_; ++s) {
       if (finished(s)) continue;
-      const Route r = route(s, current(s));
-      if (!will_send(r.peer, s, current(s)))
-        fail(s, "waits for a message that stage " + std::to_string(r.peer) + " never sends");
-      waits += (waits.empty() ? "" : "; ") + std::string("stage ") + std::to_string(s) +
-               " waits at action " + std::to_string(stages_[size_t(s)].next) + " " +
-               to_string(current(s)) + " for stage " + std::to_string(r.peer);
+      const auto& actions = current(s).actions;
+      for (size_t j = 0; j < actions.size() && waits_for[size_t(s)] < 0; ++j) {
+        const auto mine = key({s, stages_[size_t(s)].next, j});
+        if (matched_at_.count(mine)) continue;
+        const Slot& other = partner_.at(mine);
+        waits_for[size_t(s)] = other.stage;
+        why[size_t(s)] = to_string(actions[j]) + " is matched in its step " +
+                         std::to_string(other.step) + " " +
+                         describe(steps_[size_t(other.stage)][other.step]);
+      }
     }
-    if (!waits.empty()) throw std::logic_error("pipeline schedule: deadlock: " + waits);
+    int start = -1;
+    for (int s = 0; s < pp_ && start < 0; ++s)
+      if (waits_for[size_t(s)] >= 0) start = s;
+    if (start < 0) return;
+    std::vector<int> path;
+    for (int s = start; std::find(path.begin(), path.end(), s) == path.end(); s = waits_for[size_t(s)])
+      path.push_back(s);
+    const int loop = waits_for[size_t(path.back())];
+    std::string cycle;
+    for (auto it = std::find(path.begin(), path.end(), loop); it != path.end(); ++it)
+      cycle += (cycle.empty() ? "" : "; ") + where(*it, stages_[size_t(*it)].next) +
+               " waits for stage " + std::to_string(waits_for[size_t(*it)]) + ": " +
+               why[size_t(*it)];
+    throw std::logic_error("pipeline schedule: deadlock: " + cycle);
   }
 
-  // After a complete run: no message left unreceived, no action missing.
-  void report_leftovers() const {
-    for (const auto& [key, queue] : channels_) {
-      if (queue.empty()) continue;
-      const auto [from, to, kind] = key;
-      const Message& msg = queue.front();
-      throw std::logic_error(
-          "pipeline schedule: stage " + std::to_string(from) + " sends the " +
-          (kind == int(Kind::Activation) ? "activation" : "gradient") + " of (mb " +
-          std::to_string(msg.microbatch) + ", chunk " + std::to_string(msg.chunk) +
-          ") that stage " + std::to_string(to) + " never receives");
-    }
+  // After a complete run: no action missing.
+  void report_missing() const {
     for (int s = 0; s < pp_; ++s) {
       for (int mb = 0; mb < m_; ++mb) {
         for (int c = 0; c < v_; ++c) {
@@ -252,33 +372,37 @@ class Simulation {
     }
   }
 
-  const std::vector<std::vector<Action>>& lists_;
+  const std::vector<std::vector<Step>>& steps_;
+  Placement placement_;
   int pp_, m_, v_;
   StageCosts costs_;
   std::vector<StageState> stages_;
-  std::map<std::tuple<int, int, int>, std::deque<Message>> channels_;
+  std::vector<double> share_;  // per virtual stage
+  std::map<std::tuple<int, size_t, size_t>, Slot> partner_;
+  std::map<std::tuple<int, size_t, size_t>, double> matched_at_;  // when each message matched
 };
 
 }  // namespace
 
-SimulationResult simulate_lists(const std::vector<std::vector<Action>>& lists, int pp,
-                                int micro_batches, int virtual_stages,
-                                const StageCosts& costs) {
-  if (pp < 1 || micro_batches < 1 || virtual_stages < 1)
-    throw std::invalid_argument(
-        "simulate_lists: pp, micro_batches and virtual_stages must be >= 1");
-  if (int(lists.size()) != pp)
-    throw std::invalid_argument("simulate_lists: got " + std::to_string(lists.size()) +
-                                " action lists for pp = " + std::to_string(pp));
-  return Simulation(lists, pp, micro_batches, virtual_stages, costs).run();
+SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
+                                const Placement& placement, int micro_batches,
+                                const StageCosts& costs,
+                                const std::vector<int>& layers_per_virtual_stage) {
+  if (micro_batches < 1) throw std::invalid_argument("simulate: micro_batches must be >= 1");
+  if (int(steps.size()) != placement.pp())
+    throw std::invalid_argument("simulate: got " + std::to_string(steps.size()) +
+                                " stages' steps for pp = " + std::to_string(placement.pp()));
+  return Simulation(steps, placement, micro_batches, costs, layers_per_virtual_stage).run();
 }
 
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                          const StageCosts& costs) {
-  std::vector<std::vector<Action>> lists;
+                          const StageCosts& costs,
+                          const std::vector<int>& layers_per_virtual_stage) {
+  std::vector<std::vector<Step>> steps;
   for (int s = 0; s < pp; ++s)
-    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages));
-  return simulate_lists(lists, pp, micro_batches, virtual_stages, costs);
+    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages));
+  return simulate_steps(steps, schedule_placement(kind, pp, virtual_stages), micro_batches, costs,
+                        layers_per_virtual_stage);
 }
 
 double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages) {

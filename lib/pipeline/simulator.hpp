@@ -1,6 +1,8 @@
-// Runs every pipeline stage's action list together in simulated time: proves a set of
-// lists complete without deadlock and in a valid order, counts in-flight activations,
-// and measures the bubble. Feeds the schedule tests and `pptrain plan`.
+// Runs every pipeline stage's steps together in simulated time, under the strictest
+// point-to-point semantics: proves that the steps the executor runs complete without
+// deadlock at any message size and in a valid order, counts in-flight activations, and
+// measures the bubble. Feeds the schedule tests, the trainer's theoretical bubble and
+// `pptrain check-config`.
 #pragma once
 #include <vector>
 
@@ -8,8 +10,8 @@
 
 namespace pptrain {
 
-// Cost of one action on a stage's whole layer range; a chunk of an interleaved stage
-// holds 1/v of the layers and costs 1/v of it. p2p is the latency of one message.
+// Cost of one action on a stage's whole layer range; a chunk costs its share of the
+// stage's layers (1/v of them when split evenly). p2p is the latency of one batch.
 struct StageCosts {
   double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
 };
@@ -22,29 +24,38 @@ struct SimulationResult {
   std::vector<int> peak_awaiting_backward;  // per stage: max sets with F done, B not yet
 };
 
-// Runs lists[stage] for stage 0..pp-1 together. Sends complete at once (buffered).
-// Messages travel on first-in-first-out channels, one per (sender, receiver,
-// activation|gradient), as untagged point-to-point messages would; a receive takes the
-// oldest message of its channel, at the later of its own start and the send time plus
-// p2p. Compute actions take their cost. Throws std::logic_error naming stage, action
-// index and action on: deadlock (every unfinished stage blocked in a receive), a receive
-// whose message is never sent, a message never received, a receive that would get
-// another (microbatch, chunk)'s message, a message to or from a virtual stage that has
-// no such neighbour, and F/B/W order errors per (microbatch, chunk): B before its F or
-// (off the last virtual stage) before its gradient arrived, F before its activation
-// arrived, W before its B, any action duplicated or missing.
-// std::invalid_argument if lists.size() != pp or a size is < 1.
-SimulationResult simulate_lists(const std::vector<std::vector<Action>>& lists, int pp,
-                                int micro_batches, int virtual_stages,
-                                const StageCosts& costs = {});
+// Runs steps[stage] for stage 0..pp-1 together. The semantics, the strictest that MPI
+// without buffering and NCCL allow:
+// - Messages between two stages match in issue order (NCCL has no tags): the k-th send
+//   from a to b is the k-th receive on b from a, and must name the same (microbatch,
+//   chunk) and kind, or the run is rejected before it starts.
+// - Nothing is buffered: a batch of messages completes only when every part's
+//   counterpart is posted, and then as one unit with every batch it is joined to
+//   through them (a grouped send/receive runs whole), at the latest post time plus p2p.
+// - Compute steps take their cost; a local copy is instant.
+// Throws std::logic_error naming stage, step and actions on: deadlock (with the cycle of
+// stages that wait on each other and the step each waits in), a receive whose message is
+// never sent, a message never received, orders that differ between sender and receiver,
+// a message to a virtual stage that has no such neighbour or that lives on the same
+// stage, and F/B/W order errors per (microbatch, chunk): B before its F or before its
+// gradient arrived, F before its input arrived, a send before what it sends exists, W
+// before its B, any action duplicated or missing. `layers_per_virtual_stage` (empty:
+// even) sets each chunk's share of its stage's cost. std::invalid_argument if
+// steps.size() != pp or a size is < 1.
+SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
+                                const Placement& placement, int micro_batches,
+                                const StageCosts& costs = {},
+                                const std::vector<int>& layers_per_virtual_stage = {});
 
-// Builds every stage's list with build_schedule and simulates them.
+// Builds every stage's steps with build_steps and simulates them.
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                          const StageCosts& costs = {});
+                          const StageCosts& costs = {},
+                          const std::vector<int>& layers_per_virtual_stage = {});
 
-// The bubble of the schedule's own lists with unit costs and free messages. Closed forms:
+// The bubble of the schedule's own steps with unit costs and free messages. Closed forms:
 // gpipe and 1f1b (p-1)/(m+p-1); zb-h1 (p-1)/(3m+p-1) for m >= p (a third of 1f1b's
-// bubble time); interleaved below 1f1b's (Megatron: bubble time divided by v).
+// bubble time); interleaved (p-1)/(v*m+p-1) (Megatron: bubble time divided by v); zb-v
+// zero for m >= 2p (the paper's (p-1)(F+B-2W) idle time with F = B = W).
 double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages);
 
 }  // namespace pptrain

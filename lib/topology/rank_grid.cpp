@@ -8,13 +8,17 @@
 
 namespace pptrain {
 
-RankGrid::RankGrid(int tp, int dp, int pp) : tp_(tp), dp_(dp), pp_(pp) {
+RankGrid::RankGrid(int tp, int dp, int pp, int head_stage)
+    : tp_(tp), dp_(dp), pp_(pp), head_stage_(head_stage < 0 ? pp - 1 : head_stage) {
   if (tp < 1 || dp < 1 || pp < 1)
     throw std::invalid_argument("rank grid: tp, dp and pp must be >= 1, got tp=" +
                                 std::to_string(tp) + " dp=" + std::to_string(dp) +
                                 " pp=" + std::to_string(pp));
   if (static_cast<long long>(tp) * dp * pp > INT_MAX)
     throw std::invalid_argument("rank grid: tp*dp*pp is too large");
+  if (head_stage_ >= pp)
+    throw std::invalid_argument("rank grid: head stage " + std::to_string(head_stage) +
+                                " is not a stage of pp=" + std::to_string(pp));
 }
 
 RankCoord RankGrid::coord(int rank) const {
@@ -55,12 +59,12 @@ std::vector<int> RankGrid::pp_group(int r) const {
 
 std::vector<int> RankGrid::embedding_group(int r) const {
   RankCoord c = coord(r);
-  if (c.pp != 0 && c.pp != pp_ - 1) return {};
-  RankCoord first = c, last = c;
+  if (c.pp != 0 && c.pp != head_stage_) return {};
+  RankCoord first = c, head = c;
   first.pp = 0;
-  last.pp = pp_ - 1;
-  if (pp_ == 1) return {rank(first)};
-  return {rank(first), rank(last)};
+  head.pp = head_stage_;
+  if (head_stage_ == 0) return {rank(first)};
+  return {rank(first), rank(head)};
 }
 
 // Group indices: the lowest rank of a group fixes the varying coordinate at 0, and the
@@ -82,7 +86,7 @@ int RankGrid::pp_group_index(int r) const {
 
 int RankGrid::embedding_group_index(int r) const {
   RankCoord c = coord(r);
-  if (c.pp != 0 && c.pp != pp_ - 1) return -1;
+  if (c.pp != 0 && c.pp != head_stage_) return -1;
   return pp_group_index(r);
 }
 

@@ -16,11 +16,15 @@ struct RankCoord {
 // rank = tp + TP * (dp + DP * pp), so a TP group is consecutive ranks (inside a node).
 class RankGrid {
  public:
-  RankGrid(int tp, int dp, int pp);  // std::invalid_argument if any < 1 or world overflows int
+  // `head_stage`: the pipeline stage holding the LM head (the last virtual stage); -1 for
+  // the last stage. std::invalid_argument if a size is < 1, the world overflows int or
+  // head_stage is not a stage.
+  RankGrid(int tp, int dp, int pp, int head_stage = -1);
 
   int tp() const { return tp_; }
   int dp() const { return dp_; }
   int pp() const { return pp_; }
+  int head_stage() const { return head_stage_; }
   int world_size() const { return tp_ * dp_ * pp_; }
 
   RankCoord coord(int rank) const;  // std::out_of_range if rank not in [0, world)
@@ -29,8 +33,8 @@ class RankGrid {
   std::vector<int> tp_group(int rank) const;  // ranks sharing (dp, pp), ordered by tp
   std::vector<int> dp_group(int rank) const;  // ranks sharing (tp, pp), ordered by dp
   std::vector<int> pp_group(int rank) const;  // ranks sharing (tp, dp), ordered by stage
-  // Ranks holding the tied token embedding of this rank's pipeline: {first stage, last
-  // stage} (one rank when pp == 1). Empty for ranks on neither the first nor last stage.
+  // Ranks holding the tied token embedding of this rank's pipeline: {first stage, head
+  // stage} (one rank when they are the same stage). Empty for ranks on neither.
   std::vector<int> embedding_group(int rank) const;
 
   // Every group of a kind, ordered by its lowest rank; the index of a group is the
@@ -50,7 +54,7 @@ class RankGrid {
   std::string describe() const;
 
  private:
-  int tp_, dp_, pp_;
+  int tp_, dp_, pp_, head_stage_;
 };
 
 }  // namespace pptrain

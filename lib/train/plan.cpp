@@ -62,12 +62,13 @@ std::string describe_plan(const Config& c) {
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
   // Stage 0 of tensor-parallel rank 0: the busiest rank for weights and activations.
   const ParamLayout rank0 = gpt_param_layout(
-      m, pipeline_partition(m, p.pp, 0, p.virtual_stages, p.tp, 0, p.layers_per_stage));
+      m, pipeline_partition(m, placement_of(c), 0, p.tp, 0, p.layers_per_stage));
   const double rank_arena = double(rank0.total_floats()) * sizeof(float);
   int stage0_layers = 0;
-  for (const ChunkSpec& ch : pipeline_partition(m, p.pp, 0, p.virtual_stages, 1, 0, p.layers_per_stage).chunks)
+  for (const ChunkSpec& ch : pipeline_partition(m, placement_of(c), 0, 1, 0, p.layers_per_stage).chunks)
     stage0_layers += ch.layer_end - ch.layer_begin;
-  const double rank_acts = acts * stage0_layers / m.n_layer / p.tp *
+  // A set holds one chunk: 1/v of the stage's layers.
+  const double rank_acts = acts * stage0_layers / p.virtual_stages / m.n_layer / p.tp *
                            activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages);
   const double optim = 2 * rank_arena / (p.zero == 1 ? p.dp : 1);
   line("per rank", fmt::format("rank 0 (stage 0): weights {}, gradients {}, optimizer state {}, "

@@ -43,6 +43,16 @@ void check_schedule(const Config& c) {
   if (!why.empty()) throw InputError(c.source_path + ": parallel.schedule: " + why);
 }
 
+Placement placement_of(const Config& c) {
+  return schedule_placement(parse_schedule(c.parallel.schedule), c.parallel.pp,
+                            c.parallel.virtual_stages);
+}
+
+RankGrid make_grid(const Config& c) {
+  const auto& p = c.parallel;
+  return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage());
+}
+
 namespace {
 comm::Comms make_comms(const Config& c, const RankGrid& grid) {
   check_schedule(c);
@@ -63,14 +73,14 @@ std::unique_ptr<ops::Ops> make_rank_backend(const Config& c, const RankGrid& gri
 
 Session::Session(const Config& config)
     : cfg(config),
-      grid(config.parallel.tp, config.parallel.dp, config.parallel.pp),
+      grid(make_grid(config)),
       comms(make_comms(config, grid)),
       rank(comms.world->rank()),
       coord(grid.coord(rank)),
       ops(make_rank_backend(config, grid, comms)),
       model(config.model, config.parallel.micro_batch_size, *ops,
-            pipeline_partition(config.model, grid.pp(), coord.pp, config.parallel.virtual_stages,
-                               grid.tp(), coord.tp, config.parallel.layers_per_stage),
+            pipeline_partition(config.model, placement_of(config), coord.pp, grid.tp(), coord.tp,
+                               config.parallel.layers_per_stage),
             comms.tp_for_model()),
       executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages) {}

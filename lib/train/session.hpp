@@ -24,6 +24,10 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank = 0)
 
 // InputError when the schedule cannot run this layout (checked before any rank starts).
 void check_schedule(const Config& config);
+// Where the config's schedule puts the virtual stages, and the rank grid that follows
+// (its embedding groups join the first stage to the head's stage).
+Placement placement_of(const Config& config);
+RankGrid make_grid(const Config& config);
 
 struct Session {
   explicit Session(const Config& config);

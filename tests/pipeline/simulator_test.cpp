@@ -1,9 +1,11 @@
-// Simulator: every schedule over a sweep of sizes, bubble formulas, activation bounds,
-// and hand-broken lists that must be rejected.
+// Simulator: every schedule over a sweep of sizes under rendezvous semantics, bubble
+// formulas, activation bounds, and hand-broken steps that must be rejected.
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "pipeline/simulator.hpp"
 
@@ -11,19 +13,27 @@ namespace pptrain {
 namespace {
 
 using Lists = std::vector<std::vector<Action>>;
+using Steps = std::vector<std::vector<Step>>;
 constexpr ScheduleKind kAll[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
-                                 ScheduleKind::Interleaved, ScheduleKind::ZeroBubbleH1};
+                                 ScheduleKind::Interleaved, ScheduleKind::ZeroBubbleH1,
+                                 ScheduleKind::ZeroBubbleV};
 
 Lists build_all(ScheduleKind kind, int p, int m, int v) {
   Lists lists;
   for (int s = 0; s < p; ++s) lists.push_back(build_schedule(kind, p, s, m, v));
   return lists;
 }
+Steps steps_all(ScheduleKind kind, int p, int m, int v) {
+  Steps steps;
+  for (int s = 0; s < p; ++s) steps.push_back(build_steps(kind, p, s, m, v));
+  return steps;
+}
 
 // Independent of the simulator: each (mb, chunk) of a stage has exactly one F, B and
 // W in that order, a receive before F / B and a send after F / B exactly where the
-// virtual stage has a neighbour.
-void expect_well_formed(const std::vector<Action>& list, int p, int s, int m, int v) {
+// virtual stage has a neighbour on another stage (a local neighbour: a send, no receive).
+void expect_well_formed(const std::vector<Action>& list, const Placement& pl, int s, int m) {
+  const int v = pl.chunks();
   std::map<std::pair<int, int>, std::map<Op, std::vector<int>>> at;
   for (int i = 0; i < int(list.size()); ++i)
     at[{list[size_t(i)].microbatch, list[size_t(i)].chunk}][list[size_t(i)].op].push_back(i);
@@ -37,50 +47,110 @@ void expect_well_formed(const std::vector<Action>& list, int p, int s, int m, in
       ASSERT_EQ(ops[op].size(), 1u) << op_name(op);
     EXPECT_LT(ops[Op::Forward][0], ops[Op::BackwardInput][0]);
     EXPECT_LT(ops[Op::BackwardInput][0], ops[Op::BackwardWeight][0]);
-    const bool first = is_first_virtual_stage(s, c), last = is_last_virtual_stage(p, s, c, v);
-    ASSERT_EQ(ops[Op::RecvForward].size(), first ? 0u : 1u);
+    const bool first = pl.is_first(s, c), last = pl.is_last(s, c);
+    const bool prev_remote = !first && pl.previous(s, c).stage != s;
+    const bool next_remote = !last && pl.next(s, c).stage != s;
+    ASSERT_EQ(ops[Op::RecvForward].size(), prev_remote ? 1u : 0u);
     ASSERT_EQ(ops[Op::SendBackward].size(), first ? 0u : 1u);
     ASSERT_EQ(ops[Op::SendForward].size(), last ? 0u : 1u);
-    ASSERT_EQ(ops[Op::RecvBackward].size(), last ? 0u : 1u);
-    if (!first) {
-      EXPECT_LT(ops[Op::RecvForward][0], ops[Op::Forward][0]);
-      EXPECT_LT(ops[Op::BackwardInput][0], ops[Op::SendBackward][0]);
-    }
-    if (!last) {
-      EXPECT_LT(ops[Op::Forward][0], ops[Op::SendForward][0]);
-      EXPECT_LT(ops[Op::RecvBackward][0], ops[Op::BackwardInput][0]);
-    }
+    ASSERT_EQ(ops[Op::RecvBackward].size(), next_remote ? 1u : 0u);
+    if (prev_remote) EXPECT_LT(ops[Op::RecvForward][0], ops[Op::Forward][0]);
+    if (!first) EXPECT_LT(ops[Op::BackwardInput][0], ops[Op::SendBackward][0]);
+    if (!last) EXPECT_LT(ops[Op::Forward][0], ops[Op::SendForward][0]);
+    if (next_remote) EXPECT_LT(ops[Op::RecvBackward][0], ops[Op::BackwardInput][0]);
   }
 }
 
+// The steps hold exactly the list's actions: batching only regroups the messages.
+void expect_same_actions(const std::vector<Action>& list, const std::vector<Step>& steps) {
+  std::vector<Action> computes, from_steps;
+  std::multiset<std::tuple<int, int, int>> messages, batched;
+  for (const Action& a : list) {
+    if (is_compute(a.op)) computes.push_back(a);
+    else messages.insert({int(a.op), a.microbatch, a.chunk});
+  }
+  for (const Step& st : steps)
+    for (const Action& a : st.actions) {
+      if (is_compute(a.op)) from_steps.push_back(a);
+      else batched.insert({int(a.op), a.microbatch, a.chunk});
+    }
+  EXPECT_EQ(computes, from_steps);
+  EXPECT_EQ(messages, batched);
+}
+
+// The property test: pp 1..8, m 1..32, v 1..4, every schedule that accepts the sizes,
+// proven deadlock-free with unbuffered messages; peaks within the documented bounds.
 TEST(Simulator, EveryScheduleOverASweep) {
-  int runs = 0;
+  std::map<ScheduleKind, int> runs;
   for (ScheduleKind kind : kAll) {
-    for (int p = 2; p <= 8; ++p) {
-      for (int m = 1; m <= 16; ++m) {
-        for (int v : {1, 2, 3}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 32; ++m) {
+        for (int v = 1; v <= 4; ++v) {
           if (!schedule_constraint_error(kind, p, m, v).empty()) continue;
           SCOPED_TRACE(schedule_name(kind) + " p=" + std::to_string(p) + " m=" +
                        std::to_string(m) + " v=" + std::to_string(v));
+          const Placement pl = schedule_placement(kind, p, v);
           const Lists lists = build_all(kind, p, m, v);
-          for (int s = 0; s < p; ++s) expect_well_formed(lists[size_t(s)], p, s, m, v);
-          const SimulationResult r = simulate_lists(lists, p, m, v);
+          const Steps steps = steps_all(kind, p, m, v);
+          for (int s = 0; s < p; ++s) {
+            expect_well_formed(lists[size_t(s)], pl, s, m);
+            expect_same_actions(lists[size_t(s)], steps[size_t(s)]);
+          }
+          const SimulationResult r = simulate_steps(steps, pl, m);
           ASSERT_EQ(int(r.busy.size()), p);
           for (int s = 0; s < p; ++s) {
             EXPECT_NEAR(r.busy[size_t(s)], 3.0 * m, 1e-9);  // v chunks at 1/v each
             EXPECT_LE(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
             EXPECT_LE(r.peak_awaiting_backward[size_t(s)], backward_bound(kind, p, s, m, v));
-            if (kind != ScheduleKind::ZeroBubbleH1) {  // the bounds are tight
+            if (kind != ScheduleKind::ZeroBubbleH1 && kind != ScheduleKind::ZeroBubbleV) {
               EXPECT_EQ(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
             }
           }
           EXPECT_DOUBLE_EQ(theoretical_bubble(kind, p, m, v), r.bubble);
-          ++runs;
+          ++runs[kind];
         }
       }
     }
   }
-  EXPECT_EQ(runs, 3 * 7 * 16 + 2 * (8 + 5 + 4 + 3 + 2 + 2 + 2));  // interleaved: m % p == 0
+  EXPECT_EQ(runs[ScheduleKind::OneFOneB], 8 * 32);
+  EXPECT_EQ(runs[ScheduleKind::ZeroBubbleV], 8 * 32);
+  EXPECT_EQ(runs[ScheduleKind::Interleaved], 3 * (16 + 10 + 8 + 6 + 5 + 4 + 4));  // m % p == 0
+}
+
+// Uneven layer splits change the costs, never the proof; the bubble grows.
+TEST(Simulator, UnevenLayerSplits) {
+  for (ScheduleKind kind : kAll) {
+    const int v = kind == ScheduleKind::Interleaved || kind == ScheduleKind::ZeroBubbleV ? 2 : 1;
+    for (const std::vector<int>& per_stage : {std::vector<int>{5, 3}, std::vector<int>{1, 7}}) {
+      std::vector<int> layers;
+      for (int k = 0; k < 2 * v; ++k) layers.push_back(per_stage[size_t(k % 2)]);
+      layers.resize(size_t(2 * v));
+      const SimulationResult even = simulate(kind, 2, 4, v);
+      const SimulationResult uneven = simulate(kind, 2, 4, v, {}, layers);
+      EXPECT_GT(uneven.bubble, even.bubble) << schedule_name(kind);
+    }
+    std::vector<int> four(size_t(4 * v), 2);
+    four[0] = 5;
+    EXPECT_NO_THROW(simulate(kind, 4, 8, v, {}, four)) << schedule_name(kind);
+  }
+}
+
+// ZB-V with F = B = W: below ZB-H1's bubble, going to zero as m grows (at p = 8, m = 32:
+// 0.035 against 0.068, the p-1 chunk units stage p-1 waits for its first input). Its
+// peak is 2p half-stage sets, 1F1B's first-stage memory.
+TEST(Simulator, ZeroBubbleVBelowZeroBubbleH1) {
+  for (int p = 2; p <= 8; ++p) {
+    double previous = 1;
+    for (int m : {p, 2 * p, 4 * p, 8 * p}) {
+      const SimulationResult zbv = simulate(ScheduleKind::ZeroBubbleV, p, m, 2);
+      const SimulationResult zbh1 = simulate(ScheduleKind::ZeroBubbleH1, p, m, 1);
+      EXPECT_LT(zbv.bubble, zbh1.bubble) << "p=" << p << " m=" << m;
+      EXPECT_LT(zbv.bubble, previous);
+      previous = zbv.bubble;
+      for (int peak : zbv.peak_activations) EXPECT_LE(peak, 2 * p);
+    }
+    EXPECT_LT(previous, 0.03) << "p=" << p << " m=" << 8 * p;
+  }
 }
 
 TEST(Simulator, GPipeAndOneFOneBBubbleIsExact) {
@@ -140,8 +210,14 @@ TEST(Simulator, GoldenTimings) {
   EXPECT_NEAR(r.bubble, 1.0 / 7, 1e-12);
   EXPECT_EQ(r.peak_activations, (std::vector<int>{2, 2}));
   EXPECT_EQ(r.peak_awaiting_backward, (std::vector<int>{2, 1}));
-  // GPipe with message latency c: 3(m+p-1) + 2(p-1)c (one hop each way per stage).
-  EXPECT_DOUBLE_EQ(simulate(ScheduleKind::GPipe, 4, 6, 1, {1, 1, 1, 0.5}).makespan, 27 + 3);
+  // GPipe with message latency c: both ends of an unbuffered message wait for it, and
+  // 16 batches lie on the critical path: 27 + 16c.
+  EXPECT_DOUBLE_EQ(simulate(ScheduleKind::GPipe, 4, 6, 1, {1, 1, 1, 0.5}).makespan, 27 + 16 * 0.5);
+  // ZB-V p=2 m=2 with F = B = W (half a stage each): 13 chunk units, stage 1 never idle
+  // after its first input.
+  r = simulate(ScheduleKind::ZeroBubbleV, 2, 2, 2);
+  EXPECT_DOUBLE_EQ(r.makespan, 6.5);
+  EXPECT_EQ(r.peak_activations, (std::vector<int>{4, 4}));
   // One stage: no messages, no bubble.
   r = simulate(ScheduleKind::OneFOneB, 1, 5, 1, {1, 1, 1, 10});
   EXPECT_DOUBLE_EQ(r.makespan, 15);
@@ -149,102 +225,122 @@ TEST(Simulator, GoldenTimings) {
   EXPECT_EQ(r.peak_activations, std::vector<int>{1});
 }
 
-// --- Hand-broken lists, starting from 1F1B p=2 m=3 -------------------------------------
+// --- Hand-broken steps, starting from 1F1B p=2 m=3 -------------------------------------
+// stage 0: [0] F0 [1] {SF0} [2] F1 [3] {SF1, RB0} [4] B0 [5] W0 [6] F2 [7] {SF2, RB1} ...
+// stage 1: [0] {RF0} [1] F0 [2] B0 [3] W0 [4] {RF1, SB0} [5] F1 ...
 
-Lists golden_1f1b() { return build_all(ScheduleKind::OneFOneB, 2, 3, 1); }
+Steps golden_1f1b() { return steps_all(ScheduleKind::OneFOneB, 2, 3, 1); }
+const Placement kLooped2(PlacementKind::Looped, 2, 1);
 
-std::string failure(const Lists& lists, int m = 3) {
+std::string failure(const Steps& steps, int m = 3, const Placement& pl = kLooped2) {
   try {
-    simulate_lists(lists, 2, m, 1);
+    simulate_steps(steps, pl, m);
   } catch (const std::logic_error& e) {
     return e.what();
   }
   return "";
 }
 
-void erase(std::vector<Action>& list, Op op, int mb) {
-  const auto n =
-      std::erase_if(list, [&](const Action& a) { return a.op == op && a.microbatch == mb; });
-  ASSERT_EQ(n, 1u);
+TEST(SimulatorRejects, DeadlockWithTheCycle) {
+  Steps steps = golden_1f1b();
+  ASSERT_EQ(steps[1][4].actions.size(), 2u);
+  // Stage 1 sends the gradient alone before it receives: both stages wait in a send.
+  steps[1][4] = {Step::Messages, {{Op::SendBackward, 0, 0}}};
+  steps[1].insert(steps[1].begin() + 5, Step{Step::Messages, {{Op::RecvForward, 1, 0}}});
+  steps[0][3] = {Step::Messages, {{Op::SendForward, 1, 0}}};
+  steps[0].insert(steps[0].begin() + 4, Step{Step::Messages, {{Op::RecvBackward, 0, 0}}});
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("deadlock: stage 0, step 3 {SendForward(mb 1, chunk 0)} waits for stage 1"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("stage 1, step 4 {SendBackward(mb 0, chunk 0)} waits for stage 0"),
+            std::string::npos) << msg;
 }
 
-TEST(SimulatorRejects, DeadlockFromSwappedActions) {
-  Lists lists = golden_1f1b();
-  ASSERT_EQ(lists[0][1], (Action{Op::SendForward, 0, 0}));
-  ASSERT_EQ(lists[0][4], (Action{Op::RecvBackward, 0, 0}));
-  std::swap(lists[0][1], lists[0][4]);  // stage 0 waits for a gradient before sending
-  const std::string msg = failure(lists);
-  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("stage 0 waits at action 1 RecvBackward(mb 0, chunk 0) for stage 1"),
-            std::string::npos) << msg;
-  EXPECT_NE(msg.find("stage 1 waits at action 0 RecvForward(mb 0, chunk 0) for stage 0"),
-            std::string::npos) << msg;
+// The bug that hung interleaved: each send paired with the next receive from the same
+// neighbour closes a cycle once nothing is buffered. Rebuilt here by hand from 1F1B.
+TEST(SimulatorRejects, SendsWaitForTheirReceive) {
+  Steps steps = golden_1f1b();
+  // Stage 0 posts its receive of the gradient of mb 0 only after sending mb 2.
+  std::swap(steps[0][3].actions[1], steps[0][7].actions[1]);
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("sender and receiver order their messages differently"), std::string::npos)
+      << msg;
 }
 
 TEST(SimulatorRejects, MissingSend) {
-  Lists lists = golden_1f1b();
-  erase(lists[0], Op::SendForward, 2);
-  const std::string msg = failure(lists);
-  EXPECT_NE(msg.find("stage 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("RecvForward(mb 2, chunk 0): waits for a message that stage 0 never sends"),
-            std::string::npos) << msg;
+  Steps steps = golden_1f1b();
+  ASSERT_EQ(steps[0][7].actions[0], (Action{Op::SendForward, 2, 0}));
+  steps[0][7].actions.erase(steps[0][7].actions.begin());
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("receives the activation of (mb 2, chunk 0), a message that stage 0 never "
+                     "sends"), std::string::npos) << msg;
 }
 
 TEST(SimulatorRejects, WeightBeforeBackward) {
-  Lists lists = golden_1f1b();
-  ASSERT_EQ(lists[1][2], (Action{Op::BackwardInput, 0, 0}));
-  std::swap(lists[1][2], lists[1][3]);
-  const std::string msg = failure(lists);
-  EXPECT_NE(msg.find("stage 1, action 2 BackwardWeight(mb 0, chunk 0): BackwardWeight before its "
+  Steps steps = golden_1f1b();
+  std::swap(steps[1][2], steps[1][3]);
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("stage 1, step 2 BackwardWeight(mb 0, chunk 0): BackwardWeight before its "
                      "BackwardInput"), std::string::npos) << msg;
 }
 
 TEST(SimulatorRejects, BackwardBeforeLossOnTheLastStage) {
-  Lists lists = golden_1f1b();
-  std::swap(lists[1][1], lists[1][2]);  // B(0) before F(0) computed the loss
-  EXPECT_NE(failure(lists).find("BackwardInput before its Forward"), std::string::npos);
+  Steps steps = golden_1f1b();
+  std::swap(steps[1][1], steps[1][2]);  // B(0) before F(0) computed the loss
+  EXPECT_NE(failure(steps).find("BackwardInput before its Forward"), std::string::npos);
 }
 
 TEST(SimulatorRejects, MessageNeverReceived) {
-  Lists lists = golden_1f1b();
-  for (Op op : {Op::RecvBackward, Op::BackwardInput, Op::BackwardWeight}) erase(lists[0], op, 2);
-  for (Op op : {Op::RecvForward, Op::Forward, Op::BackwardInput, Op::BackwardWeight,
-                Op::SendBackward})
-    erase(lists[1], op, 2);
-  EXPECT_NE(failure(lists).find(
-                "stage 0 sends the activation of (mb 2, chunk 0) that stage 1 never receives"),
-            std::string::npos) << failure(lists);
+  Steps steps = golden_1f1b();
+  ASSERT_EQ(steps[1][8].actions[0], (Action{Op::RecvForward, 2, 0}));
+  steps[1][8].actions.erase(steps[1][8].actions.begin());
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("stage 0 sends the activation of (mb 2, chunk 0) that stage 1 never "
+                     "receives"), std::string::npos) << msg;
 }
 
 TEST(SimulatorRejects, ReceivesInAnotherOrderThanSent) {
-  Lists lists = build_all(ScheduleKind::GPipe, 2, 2, 1);
-  ASSERT_EQ(lists[1][0], (Action{Op::RecvForward, 0, 0}));
-  std::swap(lists[1][0], lists[1][2]);  // RF(1) F(0) RF(0) F(1)
-  std::swap(lists[1][1], lists[1][3]);
-  const std::string msg = failure(lists, 2);
-  EXPECT_NE(msg.find("oldest message from stage 0 on this channel is for (mb 0, chunk 0)"),
+  Steps steps = golden_1f1b();
+  std::swap(steps[1][4].actions[0], steps[1][8].actions[0]);  // RF2 where RF1 was
+  const std::string msg = failure(steps);
+  EXPECT_NE(msg.find("message 1 from stage 0 is the activation of (mb 1, chunk 0), but this "
+                     "receive expects the activation of (mb 2, chunk 0)"),
             std::string::npos) << msg;
 }
 
-TEST(SimulatorRejects, ReceiveOfTheWrongKind) {
-  Lists lists = golden_1f1b();
-  lists[1].insert(lists[1].begin() + 2, Action{Op::RecvBackward, 0, 0});
-  EXPECT_NE(failure(lists).find("the last virtual stage has no next virtual stage"),
+TEST(SimulatorRejects, MessagesThatCannotExist) {
+  Steps steps = golden_1f1b();
+  steps[1].insert(steps[1].begin() + 2, Step{Step::Messages, {{Op::RecvBackward, 0, 0}}});
+  EXPECT_NE(failure(steps).find("the last virtual stage has no next virtual stage"),
             std::string::npos);
+  steps = golden_1f1b();
+  steps[0][1] = {Step::LocalCopy, {{Op::SendForward, 0, 0}}};
+  EXPECT_NE(failure(steps).find("a local copy must be a send to the same stage"),
+            std::string::npos);
+  // ZB-V's turn is a local copy: as a message to its own stage it is rejected.
+  const Placement v(PlacementKind::V, 2, 2);
+  steps = steps_all(ScheduleKind::ZeroBubbleV, 2, 2, 2);
+  ASSERT_EQ(steps[1][2].kind, Step::LocalCopy);
+  steps[1][2].kind = Step::Messages;
+  EXPECT_NE(failure(steps, 2, v).find("a message to its own stage"), std::string::npos);
+  steps = steps_all(ScheduleKind::ZeroBubbleV, 2, 2, 2);
+  steps[1].erase(steps[1].begin() + 2);  // the local copy into chunk 1
+  EXPECT_NE(failure(steps, 2, v).find("Forward before its input arrived"), std::string::npos);
 }
 
 TEST(SimulatorRejects, MissingOrDuplicatedCompute) {
-  Lists lists = golden_1f1b();
-  lists[0].pop_back();  // W(2)
-  EXPECT_NE(failure(lists).find("stage 0 never runs BackwardWeight(mb 2, chunk 0)"),
-            std::string::npos) << failure(lists);
-  lists = golden_1f1b();
-  lists[0].insert(lists[0].begin() + 1, Action{Op::Forward, 0, 0});
-  EXPECT_NE(failure(lists).find("action 1 Forward(mb 0, chunk 0): duplicated"), std::string::npos);
-  lists = golden_1f1b();
-  lists[0][0].microbatch = 3;
-  EXPECT_NE(failure(lists).find("out of range"), std::string::npos);
-  EXPECT_THROW(simulate_lists(golden_1f1b(), 3, 3, 1), std::invalid_argument);
+  Steps steps = golden_1f1b();
+  steps[0].pop_back();  // W(2)
+  EXPECT_NE(failure(steps).find("stage 0 never runs BackwardWeight(mb 2, chunk 0)"),
+            std::string::npos) << failure(steps);
+  steps = golden_1f1b();
+  steps[0].insert(steps[0].begin() + 1, Step{Step::Compute, {{Op::Forward, 0, 0}}});
+  EXPECT_NE(failure(steps).find("step 1 Forward(mb 0, chunk 0): duplicated"), std::string::npos);
+  steps = golden_1f1b();
+  steps[0][0].actions[0].microbatch = 3;
+  EXPECT_NE(failure(steps).find("out of range"), std::string::npos);
+  EXPECT_THROW(simulate_steps(golden_1f1b(), Placement(PlacementKind::Looped, 3, 1), 3),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -1,0 +1,154 @@
+// batch_messages: places every message of the stages' action lists into a numbered round
+// (see schedule.hpp for the rule and why it cannot deadlock).
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "pipeline/schedule.hpp"
+
+namespace pptrain {
+namespace {
+
+// A message's name, the same on both of its ends: sender, receiver, kind (0 activation,
+// 1 gradient), microbatch, receiver's chunk.
+using MessageKey = std::tuple<int, int, int, int, int>;
+
+MessageKey message_name(const Placement& placement, int s, const Action& a) {
+  const ChunkLocation peer = message_peer(placement, s, a);
+  const int kind = (a.op == Op::SendForward || a.op == Op::RecvForward) ? 0 : 1;
+  return is_send(a.op) ? MessageKey{s, peer.stage, kind, a.microbatch, peer.chunk}
+                       : MessageKey{peer.stage, s, kind, a.microbatch, a.chunk};
+}
+
+// Start times of every compute action on the nominal clock. A message is available once
+// the compute before its send in the sender's list has ended (a send listed after W
+// waits for W).
+class NominalClock {
+ public:
+  NominalClock(const std::vector<std::vector<Action>>& lists, const Placement& placement)
+      : placement_(placement) {
+    const int pp = placement.pp();
+    std::vector<std::vector<Action>> computes(static_cast<size_t>(pp));
+    size_t total = 0;
+    for (int s = 0; s < pp; ++s) {
+      const Action* before = nullptr;
+      for (const Action& a : lists[size_t(s)]) {
+        if (is_compute(a.op)) {
+          computes[size_t(s)].push_back(a);
+          before = &a;
+        } else if (is_send(a.op) && before) {
+          sent_after_[message_name(placement, s, a)] = key(s, *before);
+        }
+      }
+      total += computes[size_t(s)].size();
+    }
+    std::vector<size_t> next(size_t(pp), 0);
+    last_start_.assign(size_t(pp), -1);
+    size_t placed = 0;
+    // Each tick, every stage starts its next compute if what it needs ended by then.
+    for (int tick = 0; placed < total; ++tick) {
+      if (tick > int(total) + 1)
+        throw std::logic_error("pipeline schedule: the stages' lists cannot run even with "
+                               "free messages (an action waits for one that never comes)");
+      for (int s = 0; s < pp; ++s) {
+        if (next[size_t(s)] == computes[size_t(s)].size()) continue;
+        const Action& a = computes[size_t(s)][next[size_t(s)]];
+        if (!ready(s, a, tick)) continue;
+        start_[key(s, a)] = tick;
+        last_start_[size_t(s)] = tick;
+        ++next[size_t(s)];
+        ++placed;
+      }
+    }
+  }
+
+  int start(int s, const Action& a) const { return start_.at(key(s, a)); }
+
+ private:
+  using Key = std::tuple<int, int, int, int>;  // stage, op, microbatch, chunk
+  static Key key(int s, const Action& a) { return {s, int(a.op), a.microbatch, a.chunk}; }
+
+  bool ended(const Key& k, int tick) const {
+    const auto it = start_.find(k);
+    return it != start_.end() && it->second + 1 <= tick;
+  }
+  // Whether the message that (stage s, receive-like action a) needs has been sent.
+  bool arrived(int s, Op receive, const Action& a, int tick) const {
+    const auto it = sent_after_.find(message_name(placement_, s, {receive, a.microbatch, a.chunk}));
+    return it != sent_after_.end() && ended(it->second, tick);
+  }
+
+  // Whether `a` on stage s may start at `tick`: the stage is free (each action takes one
+  // tick) and what it needs has ended or arrived.
+  bool ready(int s, const Action& a, int tick) const {
+    if (last_start_[size_t(s)] >= tick) return false;
+    switch (a.op) {
+      case Op::Forward:
+        return placement_.is_first(s, a.chunk) || arrived(s, Op::RecvForward, a, tick);
+      case Op::BackwardInput:
+        return ended(key(s, {Op::Forward, a.microbatch, a.chunk}), tick) &&
+               (placement_.is_last(s, a.chunk) || arrived(s, Op::RecvBackward, a, tick));
+      default:
+        return ended(key(s, {Op::BackwardInput, a.microbatch, a.chunk}), tick);
+    }
+  }
+
+  Placement placement_;
+  std::map<Key, int> start_;
+  std::map<MessageKey, Key> sent_after_;  // message -> the compute its send follows
+  std::vector<int> last_start_;           // per stage
+};
+
+}  // namespace
+
+std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Action>>& lists,
+                                              const Placement& placement) {
+  const int pp = placement.pp();
+  if (int(lists.size()) != pp)
+    throw std::invalid_argument("batch_messages: got " + std::to_string(lists.size()) +
+                                " lists for pp = " + std::to_string(pp));
+  const NominalClock clock(lists, placement);
+  std::vector<std::vector<Step>> out(static_cast<size_t>(pp));
+  for (int s = 0; s < pp; ++s) {
+    // Round -> the messages of that round, by their name.
+    std::map<int, std::map<MessageKey, Action>> rounds;
+    std::map<std::tuple<int, int, int>, Action> local_after;  // producer -> its local copy
+    for (const Action& a : lists[size_t(s)]) {
+      if (is_compute(a.op)) continue;
+      const ChunkLocation peer = message_peer(placement, s, a);
+      const bool forward = a.op == Op::SendForward || a.op == Op::RecvForward;
+      const Op consumer = forward ? Op::Forward : Op::BackwardInput;
+      if (is_send(a.op) && peer.stage == s) {
+        local_after[{int(consumer), a.microbatch, a.chunk}] = a;
+        continue;
+      }
+      const int round = is_send(a.op) ? clock.start(peer.stage, {consumer, a.microbatch, peer.chunk})
+                                      : clock.start(s, {consumer, a.microbatch, a.chunk});
+      rounds[round][message_name(placement, s, a)] = a;
+    }
+    // Each round's batch goes before the first compute that starts at or after it.
+    std::vector<Step>& steps = out[size_t(s)];
+    auto flush_until = [&](int tick) {
+      while (!rounds.empty() && rounds.begin()->first <= tick) {
+        Step batch{Step::Messages, {}};
+        for (const auto& [name, a] : rounds.begin()->second) batch.actions.push_back(a);
+        steps.push_back(std::move(batch));
+        rounds.erase(rounds.begin());
+      }
+    };
+    for (const Action& a : lists[size_t(s)]) {
+      if (!is_compute(a.op)) continue;
+      flush_until(clock.start(s, a));
+      steps.push_back({Step::Compute, {a}});
+      const auto copy = local_after.find({int(a.op), a.microbatch, a.chunk});
+      if (copy != local_after.end()) steps.push_back({Step::LocalCopy, {copy->second}});
+    }
+    flush_until(std::numeric_limits<int>::max());
+  }
+  return out;
+}
+
+}  // namespace pptrain
