@@ -11,4 +11,8 @@ if ! python3 -c "import numpy, safetensors.numpy, matplotlib" 2>/dev/null; then
     echo "numpy/safetensors/matplotlib unavailable: the tests that need them will be skipped"
 fi
 scripts/setup.sh
+# No message is buffered: every multi-rank test runs with Open MPI's eager limits forced
+# down, so a send completes only once its receive is posted and any schedule that could
+# deadlock does.
+export OMPI_MCA_btl_vader_eager_limit=4096 OMPI_MCA_btl_self_eager_limit=4096
 ctest --test-dir build --output-on-failure -j"$(nproc)"

@@ -127,7 +127,7 @@ double validation_loss(Session& s, const std::vector<int32_t>& tokens, int max_b
   double sum = 0;
   for (int64_t w = 0; w < windows && !losses.empty(); ++w)
     for (int t = 0; t < T; ++t) sum += losses[size_t(w) * T + size_t(t)];
-  const bool holder = s.last_stage() && s.coord.tp == 0 && s.coord.dp == 0;
+  const bool holder = s.head_stage() && s.coord.tp == 0 && s.coord.dp == 0;
   return share(s, sum / (double(windows) * T), holder);
 }
 

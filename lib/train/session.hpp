@@ -36,7 +36,8 @@ struct Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   bool logs() const { return rank == 0; }  // rank 0 logs and writes run files
-  bool last_stage() const { return coord.pp == grid.pp() - 1; }
+  // Whether this rank holds the head (the last virtual stage) and computes the loss.
+  bool head_stage() const { return coord.pp == grid.head_stage(); }
 
   Config cfg;
   RankGrid grid;

@@ -178,7 +178,7 @@ TrainResult train_rank(Session& s) {
 
     const auto c0 = Clock::now();
     const double norm = sync.finish();
-    const double loss = share(s, st.loss_sum / (M * par.dp), s.last_stage() && s.coord.tp == 0);
+    const double loss = share(s, st.loss_sum / (M * par.dp), s.head_stage() && s.coord.tp == 0);
     const double comm_s = seconds(Clock::now() - c0);
     const double lr = learning_rate(cfg.train, step);
     const auto o0 = Clock::now();

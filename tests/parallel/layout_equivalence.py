@@ -5,6 +5,9 @@ Runs pptrain on a tiny fp32 model in the single-rank layout and in each parallel
 (pptrain starts its own ranks through mpirun), then compares the metrics files: the
 first step's loss and gradient norm to 1e-6 relative, every loss over the run to 1e-4.
 The global batch (dp * micro_batches * micro_batch_size) is the same in every layout.
+Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, and Open MPI's eager
+limits are forced down, so that no message is buffered: a schedule that could deadlock
+does.
 Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...]
 """
 import json
@@ -20,9 +23,16 @@ LAYOUTS = {
     "pp2": (1, 2, 1, 4, []),
     "dp2": (1, 1, 2, 2, []),
     "tp2_pp2_dp2": (2, 2, 2, 2, []),
+    "pp2_interleaved": (1, 2, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
     "pp4_interleaved": (1, 4, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
     "pp2_zb_h1": (1, 2, 1, 4, ["parallel.schedule=zb-h1"]),
+    "pp4_zb_h1": (1, 4, 1, 4, ["parallel.schedule=zb-h1"]),
     "pp2_gpipe": (1, 2, 1, 4, ["parallel.schedule=gpipe"]),
+    "pp4_gpipe": (1, 4, 1, 4, ["parallel.schedule=gpipe"]),
+    "pp4_1f1b": (1, 4, 1, 4, []),
+    "pp2_zb_v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    "pp4_zb_v": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    "tp2_pp2_dp2_zb_v": (2, 2, 2, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
     "pp2_m3": (1, 2, 1, 4, []),  # replaced below: micro_batches 3 is not this batch
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
@@ -36,11 +46,17 @@ RESUME_CASES = {
     "resume_1x1x1": ((2, 2, 2, 2), (1, 1, 1, 4)),
     "resume_2x2x2": ((1, 1, 1, 4), (2, 2, 2, 2)),
 }
-# The model: vocab 251 is not divisible by tp=2; 8 layers; 8 sequences per step.
-MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=32", "model.seq_len=16",
+# The model: vocab 251 is not divisible by tp=2; 8 layers; 8 sequences per step; a
+# boundary message of 2 x 64 x 128 fp32 = 64 KiB.
+MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_len=64",
          "model.vocab_size=251", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
          "train.threads=1", "train.eval_every=0", "train.warmup_steps=2", "logging.every=1",
          "checkpoint.dir=", "parallel.comm_timeout_s=60"]
+
+
+# Every message rendezvouses: a send completes only once its receive is posted.
+RENDEZVOUS_ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096",
+                      OMPI_MCA_btl_self_eager_limit="4096")
 
 
 def run(pptrain, config, work, name, tp, pp, dp, mb, extra):
@@ -49,7 +65,7 @@ def run(pptrain, config, work, name, tp, pp, dp, mb, extra):
     for s in MODEL + extra + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
                       f"parallel.micro_batches={mb}", f"logging.metrics={metrics}"]:
         args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, env=RENDEZVOUS_ENV)
     if out.returncode != 0:
         sys.exit(f"{name}: pptrain exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     with open(metrics) as f:
