@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"]
 
 
 class Config:
@@ -78,8 +78,9 @@ def idle(r):
 def closed_form(sched, pp, m, v):
     """Bubble fraction: gpipe and 1f1b (p-1)/(m+p-1); interleaved (Megatron) bubble time
     divided by v, (p-1)/(v*m+p-1); zb-h1 (ZB paper, F = B = W) a third of 1f1b's bubble
-    time, (p-1)/(3m+p-1)."""
-    per_mb = {"gpipe": 1, "1f1b": 1, "interleaved": v, "zb-h1": 3}[sched]
+    time, (p-1)/(3m+p-1); zb-v (list-scheduled, F = B = W) about (p-1)/(6m+p-1), the p-1
+    chunk units the last stage waits for its first input (exact for large m)."""
+    per_mb = {"gpipe": 1, "1f1b": 1, "interleaved": v, "zb-h1": 3, "zb-v": 6}[sched]
     return (pp - 1) / (per_mb * m + pp - 1)
 
 

@@ -78,7 +78,7 @@ failures=0
 runs=0
 run_one() {  # pp m schedule: one run, recorded in the manifest
   local pp=$1 m=$2 sched=$3 v=1 rc=0 b0 t0 o0
-  [ "$sched" = interleaved ] && v=2
+  case $sched in interleaved | zb-v) v=2 ;; esac
   runs=$((runs + 1))
   local metrics="$work/run$runs.jsonl"
   local cmd=("$bin" --config configs/tiny.yaml "${model[@]}" --set train.steps="$steps"
@@ -107,7 +107,7 @@ run_one() {  # pp m schedule: one run, recorded in the manifest
 
 for pp in 2 4; do
   for m in 4 8 16; do
-    for sched in gpipe 1f1b interleaved zb-h1; do
+    for sched in gpipe 1f1b interleaved zb-h1 zb-v; do
       if [ "$sched" = interleaved ] && [ $((m % pp)) -ne 0 ]; then continue; fi
       for _ in $(seq "$repeats"); do run_one "$pp" "$m" "$sched"; done
     done

@@ -96,7 +96,7 @@ const BadCase kBadCases[] = {
     {"mbs_0", "parallel:\n  micro_batch_size: 0\n", {}, "x.yaml:2", "must be >= 1"},
     {"virtual_0", "parallel:\n  virtual_stages: 0\n", {}, "x.yaml:2", "must be >= 1"},
     {"schedule", "parallel:\n  schedule: pipedream\n", {}, "x.yaml:2",
-     "parallel.schedule: must be one of gpipe, 1f1b, interleaved, zb-h1 (got 'pipedream')"},
+     "parallel.schedule: must be one of gpipe, 1f1b, interleaved, zb-h1, zb-v (got 'pipedream')"},
     {"zero_2", "parallel:\n  zero: 2\n", {}, "x.yaml:2", "parallel.zero: must be 0 or 1"},
     // Train.
     {"steps_neg", "train:\n  steps: -1\n", {}, "x.yaml:2", "train.steps: must be >= 0"},

@@ -140,6 +140,8 @@ CASES = [
     ("C22", [], TRAIN + ["--set", "data.path=train.bin"]),
     ("C23", [], TRAIN + ["--set", "train.precision=bf16"]),
     ("C24", [], TRAIN + ["--set", "train.peak_tflops=-1"]),
+    ("C25", [], TRAIN + ["--set", "model.n_layer=4", "--set", "parallel.pp=2", "--set",
+                         "parallel.schedule=zb-v"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],
