@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -23,9 +24,11 @@ MessageKey message_name(const Placement& placement, int s, const Action& a) {
                        : MessageKey{peer.stage, s, kind, a.microbatch, a.chunk};
 }
 
-// Start times of every compute action on the nominal clock. A message is available once
-// the compute before its send in the sender's list has ended (a send listed after W
-// waits for W).
+// Start times of every compute action on the nominal clock: each stage runs its computes
+// in list order, each taking its chunk's share of one unit, as soon as the stage is free
+// and what it needs has ended. A message
+// is available once the compute before its send in the sender's list has ended (a send
+// listed after W waits for W).
 class NominalClock {
  public:
   NominalClock(const std::vector<std::vector<Action>>& lists, const Placement& placement)
@@ -45,61 +48,67 @@ class NominalClock {
       }
       total += computes[size_t(s)].size();
     }
+    const double share = 1.0 / placement.chunks();
     std::vector<size_t> next(size_t(pp), 0);
-    last_start_.assign(size_t(pp), -1);
-    size_t placed = 0;
-    // Each tick, every stage starts its next compute if what it needs ended by then.
-    for (int tick = 0; placed < total; ++tick) {
-      if (tick > int(total) + 1)
+    std::vector<double> free(size_t(pp), 0.0);
+    for (size_t placed = 0; placed < total;) {
+      const size_t before = placed;
+      for (int s = 0; s < pp; ++s) {
+        while (next[size_t(s)] < computes[size_t(s)].size()) {
+          const Action& a = computes[size_t(s)][next[size_t(s)]];
+          const std::optional<double> ready = ready_at(s, a);
+          if (!ready) break;
+          const double start = std::max(free[size_t(s)], *ready);
+          free[size_t(s)] = start + share;
+          times_[key(s, a)] = {start, free[size_t(s)]};
+          ++next[size_t(s)];
+          ++placed;
+        }
+      }
+      if (placed == before)
         throw std::logic_error("pipeline schedule: the stages' lists cannot run even with "
                                "free messages (an action waits for one that never comes)");
-      for (int s = 0; s < pp; ++s) {
-        if (next[size_t(s)] == computes[size_t(s)].size()) continue;
-        const Action& a = computes[size_t(s)][next[size_t(s)]];
-        if (!ready(s, a, tick)) continue;
-        start_[key(s, a)] = tick;
-        last_start_[size_t(s)] = tick;
-        ++next[size_t(s)];
-        ++placed;
-      }
     }
   }
 
-  int start(int s, const Action& a) const { return start_.at(key(s, a)); }
+  double start(int s, const Action& a) const { return times_.at(key(s, a)).first; }
 
  private:
   using Key = std::tuple<int, int, int, int>;  // stage, op, microbatch, chunk
   static Key key(int s, const Action& a) { return {s, int(a.op), a.microbatch, a.chunk}; }
 
-  bool ended(const Key& k, int tick) const {
-    const auto it = start_.find(k);
-    return it != start_.end() && it->second + 1 <= tick;
+  std::optional<double> end(const Key& k) const {
+    const auto it = times_.find(k);
+    if (it == times_.end()) return std::nullopt;
+    return it->second.second;
   }
-  // Whether the message that (stage s, receive-like action a) needs has been sent.
-  bool arrived(int s, Op receive, const Action& a, int tick) const {
+  // When the message that (stage s, receive `receive` of a's unit) needs is sent.
+  std::optional<double> arrival(int s, Op receive, const Action& a) const {
     const auto it = sent_after_.find(message_name(placement_, s, {receive, a.microbatch, a.chunk}));
-    return it != sent_after_.end() && ended(it->second, tick);
+    if (it == sent_after_.end()) return std::nullopt;
+    return end(it->second);
   }
-
-  // Whether `a` on stage s may start at `tick`: the stage is free (each action takes one
-  // tick) and what it needs has ended or arrived.
-  bool ready(int s, const Action& a, int tick) const {
-    if (last_start_[size_t(s)] >= tick) return false;
+  // When what `a` on stage s needs has ended or arrived; nullopt while not yet known.
+  std::optional<double> ready_at(int s, const Action& a) const {
+    auto later = [](std::optional<double> x, std::optional<double> y) -> std::optional<double> {
+      if (!x || !y) return std::nullopt;
+      return std::max(*x, *y);
+    };
     switch (a.op) {
       case Op::Forward:
-        return placement_.is_first(s, a.chunk) || arrived(s, Op::RecvForward, a, tick);
-      case Op::BackwardInput:
-        return ended(key(s, {Op::Forward, a.microbatch, a.chunk}), tick) &&
-               (placement_.is_last(s, a.chunk) || arrived(s, Op::RecvBackward, a, tick));
+        return placement_.is_first(s, a.chunk) ? 0.0 : arrival(s, Op::RecvForward, a);
+      case Op::BackwardInput: {
+        const auto own = end(key(s, {Op::Forward, a.microbatch, a.chunk}));
+        return placement_.is_last(s, a.chunk) ? own : later(own, arrival(s, Op::RecvBackward, a));
+      }
       default:
-        return ended(key(s, {Op::BackwardInput, a.microbatch, a.chunk}), tick);
+        return end(key(s, {Op::BackwardInput, a.microbatch, a.chunk}));
     }
   }
 
   Placement placement_;
-  std::map<Key, int> start_;
+  std::map<Key, std::pair<double, double>> times_;  // start, end
   std::map<MessageKey, Key> sent_after_;  // message -> the compute its send follows
-  std::vector<int> last_start_;           // per stage
 };
 
 }  // namespace
@@ -114,7 +123,7 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
   std::vector<std::vector<Step>> out(static_cast<size_t>(pp));
   for (int s = 0; s < pp; ++s) {
     // Round -> the messages of that round, by their name.
-    std::map<int, std::map<MessageKey, Action>> rounds;
+    std::map<double, std::map<MessageKey, Action>> rounds;
     std::map<std::tuple<int, int, int>, Action> local_after;  // producer -> its local copy
     for (const Action& a : lists[size_t(s)]) {
       if (is_compute(a.op)) continue;
@@ -125,13 +134,13 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
         local_after[{int(consumer), a.microbatch, a.chunk}] = a;
         continue;
       }
-      const int round = is_send(a.op) ? clock.start(peer.stage, {consumer, a.microbatch, peer.chunk})
+      const double round = is_send(a.op) ? clock.start(peer.stage, {consumer, a.microbatch, peer.chunk})
                                       : clock.start(s, {consumer, a.microbatch, a.chunk});
       rounds[round][message_name(placement, s, a)] = a;
     }
     // Each round's batch goes before the first compute that starts at or after it.
     std::vector<Step>& steps = out[size_t(s)];
-    auto flush_until = [&](int tick) {
+    auto flush_until = [&](double tick) {
       while (!rounds.empty() && rounds.begin()->first <= tick) {
         Step batch{Step::Messages, {}};
         for (const auto& [name, a] : rounds.begin()->second) batch.actions.push_back(a);
@@ -146,7 +155,7 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
       const auto copy = local_after.find({int(a.op), a.microbatch, a.chunk});
       if (copy != local_after.end()) steps.push_back({Step::LocalCopy, {copy->second}});
     }
-    flush_until(std::numeric_limits<int>::max());
+    flush_until(std::numeric_limits<double>::infinity());
   }
   return out;
 }

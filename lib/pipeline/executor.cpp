@@ -179,6 +179,9 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     const auto t1 = Clock::now();
     const double s = std::chrono::duration<double>(t1 - t0).count();
     (compute ? stats.compute_s : stats.wait_s) += s;
+    if (compute)
+      (a.op == Op::Forward ? stats.forward_s
+       : a.op == Op::BackwardInput ? stats.backward_input_s : stats.backward_weight_s) += s;
     stats.peak_activations = std::max(stats.peak_activations, int(live_.size()));
     if (on_action)
       for (const Action& m : step.actions) on_action(m, t0, t1);

@@ -31,6 +31,7 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
 struct PipelineStats {
   double loss_sum = 0;      // sum of the micro-batch mean losses (last stage; else 0)
   double compute_s = 0;     // forward and backward passes (tensor-parallel all-reduces included)
+  double forward_s = 0, backward_input_s = 0, backward_weight_s = 0;  // compute_s by kind
   double wait_s = 0;        // waiting for neighbours' messages
   double elapsed_s = 0;     // the whole schedule
   int peak_activations = 0; // most activation sets alive at once

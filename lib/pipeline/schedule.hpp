@@ -60,6 +60,12 @@ ChunkLocation message_peer(const Placement& placement, int stage, const Action& 
 // A send whose peer is on the same stage: a local copy, never a message.
 bool is_local_send(const Placement& placement, int stage, const Action& a);
 
+// Cost of one action on a stage's whole layer range; a chunk costs its share of the
+// stage's layers (1/v of them when split evenly). p2p is the latency of one batch.
+struct StageCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
+};
+
 // One step of a rank's schedule, run as a unit: a single compute action, a single local
 // copy, or a batch of sends and receives to other ranks that are all posted together and
 // complete together (one MPI wait-all, one NCCL group).

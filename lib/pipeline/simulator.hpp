@@ -10,12 +10,6 @@
 
 namespace pptrain {
 
-// Cost of one action on a stage's whole layer range; a chunk costs its share of the
-// stage's layers (1/v of them when split evenly). p2p is the latency of one batch.
-struct StageCosts {
-  double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
-};
-
 struct SimulationResult {
   double makespan = 0;                 // time when the last stage finishes
   std::vector<double> busy;            // per stage: time spent in F/B/W

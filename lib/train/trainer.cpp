@@ -49,6 +49,7 @@ bool due(int64_t steps_done, int every, int64_t last_step) {
 // most activation sets any rank held at once and the largest resident set (MiB).
 struct StepReport {
   double bubble = 0, bubble_min = 0, bubble_max = 0, compute_s = 0, wait_s = 0, comm_s = 0;
+  StageCosts costs;  // mean seconds of one micro-batch's F, B and W on a whole stage
   int peak_activations = 0;
   double peak_rss_mib = 0;
   double peak_device_mib = 0;  // backend memory (0 on the CPU)
@@ -59,15 +60,27 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool st
   const double bubble = st.elapsed_s > 0 ? 1.0 - st.compute_s / st.elapsed_s : 0.0;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  double sums[4] = {bubble, st.compute_s, st.wait_s, comm_s};
+  double sums[7] = {bubble, st.compute_s, st.wait_s, comm_s,
+                    st.forward_s, st.backward_input_s, st.backward_weight_s};
   double extremes[6] = {bubble, -bubble, double(st.peak_activations),
                         double(usage.ru_maxrss) / 1024, stop ? 1.0 : 0.0,
                         double(s.ops->peak_memory_bytes()) / (1024.0 * 1024.0)};
-  s.comms.all->all_reduce(sums, 4, comm::ReduceOp::Sum);
+  s.comms.all->all_reduce(sums, 7, comm::ReduceOp::Sum);
   s.comms.all->all_reduce(extremes, 6, comm::ReduceOp::Max);
-  const double n = s.grid.world_size();
-  return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n,
+  const double n = s.grid.world_size(), per_action = n * s.cfg.parallel.micro_batches;
+  const StageCosts costs{sums[4] / per_action, sums[5] / per_action, sums[6] / per_action, 0};
+  return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n, costs,
           int(extremes[2]), extremes[3], extremes[5], extremes[4] > 0};
+}
+
+// The schedule simulated with this step's measured F, B and W times and free messages:
+// what the bubble would be if the ranks only waited for each other's compute.
+double simulated_bubble(const Config& cfg, const StageCosts& costs) {
+  const auto& p = cfg.parallel;
+  if (costs.forward <= 0) return 0;
+  return simulate(parse_schedule(p.schedule), p.pp, p.micro_batches, p.virtual_stages, costs,
+                  p.layers_per_stage)
+      .bubble;
 }
 
 // Creates checkpoint.dir up front, so an unusable one fails before any training.
@@ -229,6 +242,7 @@ TrainResult train_rank(Session& s) {
                             {"bubble_min", rep.bubble_min},
                             {"bubble_max", rep.bubble_max},
                             {"bubble_theory", bubble_theory},
+                            {"bubble_sim", simulated_bubble(cfg, rep.costs)},
                             {"compute_s", rep.compute_s},
                             {"wait_s", rep.wait_s},
                             {"comm_s", rep.comm_s},

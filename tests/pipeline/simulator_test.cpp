@@ -54,10 +54,18 @@ void expect_well_formed(const std::vector<Action>& list, const Placement& pl, in
     ASSERT_EQ(ops[Op::SendBackward].size(), first ? 0u : 1u);
     ASSERT_EQ(ops[Op::SendForward].size(), last ? 0u : 1u);
     ASSERT_EQ(ops[Op::RecvBackward].size(), next_remote ? 1u : 0u);
-    if (prev_remote) EXPECT_LT(ops[Op::RecvForward][0], ops[Op::Forward][0]);
-    if (!first) EXPECT_LT(ops[Op::BackwardInput][0], ops[Op::SendBackward][0]);
-    if (!last) EXPECT_LT(ops[Op::Forward][0], ops[Op::SendForward][0]);
-    if (next_remote) EXPECT_LT(ops[Op::RecvBackward][0], ops[Op::BackwardInput][0]);
+    if (prev_remote) {
+      EXPECT_LT(ops[Op::RecvForward][0], ops[Op::Forward][0]);
+    }
+    if (!first) {
+      EXPECT_LT(ops[Op::BackwardInput][0], ops[Op::SendBackward][0]);
+    }
+    if (!last) {
+      EXPECT_LT(ops[Op::Forward][0], ops[Op::SendForward][0]);
+    }
+    if (next_remote) {
+      EXPECT_LT(ops[Op::RecvBackward][0], ops[Op::BackwardInput][0]);
+    }
   }
 }
 
