@@ -9,9 +9,9 @@ trainer's per-step records, step 1 first) or FAILED and why.
       prints "pp m schedule" for each configuration without failures whose least
       disturbed run saw other processes take more than MAX_OTHER of the CPU
   measure_bubble.py report MANIFEST
-      prints the markdown table, zb-h1's idle time over 1f1b's beside the ZB paper's
-      expectation from F, B and W measured in the zb-h1 run's trace (metrics file name
-      with .trace.json for .jsonl), and the failed runs
+      prints the markdown table, zb-h1's and zb-v's idle time over 1f1b's beside the ZB
+      paper's expectation from F, B and W measured in that run's trace (metrics file
+      name with .trace.json for .jsonl), and the failed runs
 """
 import json
 import os
@@ -93,9 +93,9 @@ def disturbed(manifest, max_other):
 def report(manifest):
     configs = read_manifest(manifest)
     print("| pp |  m | schedule    | runs | other | bubble | min   | max   | whole | sim   "
-          "| closed | compute ms | idle ms | act | RSS MiB | step s |")
+          "| sim@FBW | closed | compute ms | idle ms | act | RSS MiB | step s |")
     print("|----|----|-------------|------|-------|--------|-------|-------|-------|-------"
-          "|--------|------------|---------|-----|---------|--------|")
+          "|---------|--------|------------|---------|-----|---------|--------|")
     idle_s = {}
     for key in sorted(configs, key=lambda k: (k[0], k[1], SCHEDULES.index(k[2]))):
         pp, m, sched = key
@@ -110,20 +110,27 @@ def report(manifest):
         print(f"| {pp:>2} | {m:>2} | {sched:<11} | {len(c.runs):>4} | {other * 100:>4.0f}% | "
               f"{med(lambda r: r['bubble']):>6.3f} | {med(lambda r: r['bubble_min']):.3f} | "
               f"{med(lambda r: r['bubble_max']):.3f} | {whole:>5.3f} | {t[0]['bubble_theory']:.3f} | "
+              f"{med(lambda r: r.get('bubble_sim', float('nan'))):>7.3f} | "
               f"{closed_form(sched, pp, m, c.v):>6.3f} | {med(lambda r: r['compute_s']) * 1e3:>10.1f} | "
               f"{idle_s[key] * 1e3:>7.1f} | {max(r['peak_activations'] for r in t):>3} | "
               f"{max(r['peak_rss_mib'] for r in t):>7.0f} | {med(lambda r: r['step_time_s']):>6.3f} |")
     print()
-    print("zb-h1's idle time per rank over 1f1b's; the ZB paper expects (F+B-W)/(F+B+W), 1/3 when F = B = W:")
+    # The ZB paper's bubble times, over 1F1B's (p-1)(F+B+W): ZB-H1 (p-1)(F+B-W), and
+    # (p-1)(F+B-2W) (zero when F = B = W) for ZB-V, which reaches ZB-H2's bubble with
+    # 1F1B's memory.
+    expected = {"zb-h1": lambda f, b, w: (f + b - w) / (f + b + w),
+                "zb-v": lambda f, b, w: max(0.0, f + b - 2 * w) / (f + b + w)}
+    print("zb-h1's and zb-v's idle time per rank over 1f1b's; the ZB paper expects "
+          "(F+B-W)/(F+B+W) and (F+B-2W)/(F+B+W):")
     for (pp, m, sched), s in sorted(idle_s.items()):
         base = idle_s.get((pp, m, "1f1b"))
-        if sched != "zb-h1" or not base:
+        if sched not in expected or not base:
             continue
-        line = f"  pp {pp}, m {m:>2}: {s * 1e3:6.1f} ms / {base * 1e3:6.1f} ms = {s / base:.2f}"
+        line = f"  {sched:5} pp {pp}, m {m:>2}: {s * 1e3:6.1f} ms / {base * 1e3:6.1f} ms = {s / base:.2f}"
         costs = action_times(configs[(pp, m, sched)].best()[2])
         if costs:
             f, b, w = costs
-            line += f"; F {f:.1f}, B {b:.1f}, W {w:.1f} ms: expected {(f + b - w) / (f + b + w):.2f}"
+            line += f"; F {f:.1f}, B {b:.1f}, W {w:.1f} ms: expected {expected[sched](f, b, w):.2f}"
         print(line)
     failed = [(key, why) for key, c in sorted(configs.items()) for why in c.failed]
     if failed:

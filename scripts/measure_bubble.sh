@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Pipeline bubble and activation memory of every schedule, measured on CPU ranks.
-# For pp in 2 and 4, micro-batches m in 4, 8 and 16, and the schedules gpipe, 1f1b,
-# interleaved (2 virtual stages; only where m is a multiple of pp) and zb-h1, trains an
-# 8-layer GPT for a few steps and prints one table row per configuration, each number
-# the median over the timed steps (the first step is warm-up and not counted):
+# For pp in PPS (default 2 and 4), micro-batches m in 4, 8 and 16, and the schedules
+# gpipe, 1f1b, interleaved (2 virtual stages; only where m is a multiple of pp), zb-h1 and
+# zb-v (2 virtual stages), trains an 8-layer GPT for a few steps and prints one table row
+# per configuration, each number the median over the timed steps (the first step is
+# warm-up and not counted):
 #   runs              how many runs the row chose from (see below)
 #   bubble, min, max  the trainer's bubble metrics: mean, min and max over ranks of
 #                     1 - compute / (the rank's own time in the pipeline schedule)
 #   whole             idle / (compute + idle) of the mean rank, idle = wait_s + comm_s:
 #                     also counts a rank's idle time after its last action, as sim does
 #   sim               the trainer's bubble_theory: the simulated schedule, F = B = W = 1
+#   sim@FBW           the trainer's bubble_sim: the schedule simulated with the step's
+#                     measured F, B and W times
 #   closed            the schedule's closed form (scripts/measure_bubble.py)
 #   compute, idle     mean milliseconds per rank computing, and waiting or communicating
 #   act, RSS          the most activation sets any rank held; the largest resident set
 #   other             share of the machine's CPU time that other processes took
 #                     during that run
-# and then, for each (pp, m), zb-h1's idle time over 1f1b's beside the ZB paper's
-# expectation for the forward (F), backward-input (B) and backward-weight (W) times
-# measured in a traced step of the zb-h1 run: (F+B-W)/(F+B+W), 1/3 when F = B = W.
+# and then, for each (pp, m), zb-h1's and zb-v's idle time over 1f1b's beside the ZB
+# paper's expectation for the forward (F), backward-input (B) and backward-weight (W)
+# times measured in a traced step of that run: (F+B-W)/(F+B+W) for zb-h1, 1/3 when
+# F = B = W, and (F+B-2W)/(F+B+W) for zb-v, 0 when F = B = W.
 # Other processes on the machine slow a run down and distort its bubble, so each run
 # records the CPU share they took while it ran. Each configuration runs REPEATS times;
 # one whose best run still saw others take over MAX_OTHER of the CPU runs again, up to
@@ -32,6 +36,9 @@
 #   MAX_OTHER    CPU share of other processes that counts as disturbed (default 0.05)
 #   BUDGET       seconds after which no retry round starts (default 420)
 #   RUN_TIMEOUT  seconds before one run counts as hung (default 300)
+#   PPS          the pipeline degrees to sweep (default "2 4")
+#   WIDE=1       a wider model (d_model 512, 8 heads, seq_len 32) whose backward-weight
+#                time comes closer to its forward time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-10}
@@ -41,6 +48,7 @@ retries=${RETRIES:-3}
 max_other=${MAX_OTHER:-0.05}
 budget=${BUDGET:-420}
 run_timeout=${RUN_TIMEOUT:-300}
+pps=${PPS:-2 4}
 [ -x "$bin" ] || { echo "$bin: not built (scripts/setup.sh, or set PPTRAIN_BIN)" >&2; exit 2; }
 [ "$steps" -ge 2 ] || { echo "steps: need at least 2 (the first is warm-up)" >&2; exit 2; }
 work=$(mktemp -d)
@@ -65,6 +73,9 @@ model=(--set model.n_layer=8 --set model.d_model=128 --set model.n_head=4
        --set model.seq_len=64 --set parallel.micro_batch_size=2 --set train.threads=1
        --set data.source=synthetic --set train.eval_every=0 --set train.eval_batches=1
        --set checkpoint.dir= --set logging.every=1 --set logging.level=warn)
+if [ "${WIDE:-0}" = 1 ]; then
+  model+=(--set model.d_model=512 --set model.n_head=8 --set model.seq_len=32)
+fi
 
 # The CPU share other processes took since ticks "$1 $2 $3" (busy, total, own).
 other_share() {
@@ -85,10 +96,10 @@ run_one() {  # pp m schedule: one run, recorded in the manifest
              --set parallel.pp="$pp" --set parallel.micro_batches="$m"
              --set parallel.schedule="$sched" --set parallel.virtual_stages="$v"
              --set logging.metrics="$metrics")
-  # zb-h1 is judged against its measured forward, backward-input and backward-weight
-  # times: one timed step of it is traced.
-  [ "$sched" = zb-h1 ] && cmd+=(--set logging.trace="${metrics%.jsonl}.trace.json"
-                                --set "logging.trace_steps=[2]")
+  # zb-h1 and zb-v are judged against their measured forward, backward-input and
+  # backward-weight times: one timed step of each is traced.
+  case $sched in zb-h1 | zb-v) cmd+=(--set logging.trace="${metrics%.jsonl}.trace.json"
+                                     --set "logging.trace_steps=[2]") ;; esac
   read -r b0 t0 < <(machine_ticks)
   o0=$(own_ticks)
   timeout -k 10 "$run_timeout" "${cmd[@]}" </dev/null >"$work/out" 2>&1 || rc=$?
@@ -105,7 +116,7 @@ run_one() {  # pp m schedule: one run, recorded in the manifest
   fi
 }
 
-for pp in 2 4; do
+for pp in $pps; do
   for m in 4 8 16; do
     for sched in gpipe 1f1b interleaved zb-h1 zb-v; do
       if [ "$sched" = interleaved ] && [ $((m % pp)) -ne 0 ]; then continue; fi
@@ -121,7 +132,8 @@ for _ in $(seq "$retries"); do
 done
 
 echo "pptrain pipeline bubble sweep: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), $(date -u -d "@$start" '+%F %H:%M UTC')"
-echo "model: 8 layers, d_model 128, 4 heads, seq_len 64, micro-batch 2 sequences, 1 thread per rank, synthetic data"
+if [ "${WIDE:-0}" = 1 ]; then shape="d_model 512, 8 heads, seq_len 32"; else shape="d_model 128, 4 heads, seq_len 64"; fi
+echo "model: 8 layers, $shape, micro-batch 2 sequences, 1 thread per rank, synthetic data"
 echo "$steps steps per run, medians of steps 2..$steps; of $runs runs, each row shows its configuration's least disturbed"
 echo
 python3 "$helper" report "$manifest"

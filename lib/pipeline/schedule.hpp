@@ -1,7 +1,8 @@
 // Pipeline-parallel schedules as data: the ordered list of actions each pipeline rank
 // runs in one training step (forwards, split backwards, and the point-to-point
-// messages between them). Pure functions; the executor runs these lists and the
-// simulator (simulator.hpp) runs all ranks' lists together to check them.
+// messages between them), and the steps made from them by batching the messages. Pure
+// functions; the executor runs the steps and the simulator (simulator.hpp) runs all
+// ranks' steps together to prove them.
 #pragma once
 #include <string>
 #include <vector>

@@ -94,6 +94,19 @@ TEST(RankGrid, GoldenGroupIndicesFor222) {
   }
 }
 
+// ZB-V's V placement puts the head on stage 0: the embedding group is that one rank,
+// and the other stages are in none.
+TEST(RankGrid, HeadOnTheFirstStage) {
+  RankGrid grid(1, 2, 3, /*head_stage=*/0);
+  EXPECT_EQ(grid.embedding_group(0), std::vector<int>{0});
+  EXPECT_EQ(grid.embedding_group(1), std::vector<int>{1});
+  EXPECT_TRUE(grid.embedding_group(4).empty());  // stage 2, not the head's stage
+  EXPECT_EQ(grid.embedding_group_index(4), -1);
+  EXPECT_EQ(grid.all_embedding_groups(), (std::vector<std::vector<int>>{{0}, {1}}));
+  EXPECT_EQ(RankGrid(1, 1, 3, 1).embedding_group(1), (std::vector<int>{0, 1}));
+  EXPECT_THROW(RankGrid(1, 1, 3, 3), std::invalid_argument);
+}
+
 // Shapes for the property tests, including non-powers of two.
 std::vector<RankGrid> many_grids() {
   std::vector<RankGrid> out;
