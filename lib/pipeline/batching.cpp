@@ -113,13 +113,38 @@ class NominalClock {
 
 }  // namespace
 
+namespace {
+
+// AsyncSends: the lists as they are, sends and receives grouped where consecutive.
+std::vector<std::vector<Step>> in_list_order(const std::vector<std::vector<Action>>& lists,
+                                             const Placement& placement) {
+  std::vector<std::vector<Step>> out(lists.size());
+  for (size_t s = 0; s < lists.size(); ++s) {
+    for (const Action& a : lists[s]) {
+      const Step::Kind kind = is_compute(a.op)                         ? Step::Compute
+                              : is_local_send(placement, int(s), a)    ? Step::LocalCopy
+                              : is_send(a.op)                          ? Step::PostSends
+                                                                       : Step::Messages;
+      std::vector<Step>& steps = out[s];
+      const bool joins = (kind == Step::PostSends || kind == Step::Messages) && !steps.empty() &&
+                         steps.back().kind == kind;
+      if (joins) steps.back().actions.push_back(a);
+      else steps.push_back({kind, {a}});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Action>>& lists,
-                                              const Placement& placement) {
+                                              const Placement& placement, MessageMode mode) {
   const int pp = placement.pp();
   if (int(lists.size()) != pp)
     throw std::invalid_argument("batch_messages: got " + std::to_string(lists.size()) +
                                 " lists for pp = " + std::to_string(pp));
-  const NominalClock clock(lists, placement);
+  const NominalClock clock(lists, placement);  // also rejects lists that cannot run
+  if (mode == MessageMode::AsyncSends) return in_list_order(lists, placement);
   std::vector<std::vector<Step>> out(static_cast<size_t>(pp));
   for (int s = 0; s < pp; ++s) {
     // Round -> the messages of that round, by their name.

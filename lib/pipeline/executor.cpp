@@ -36,12 +36,12 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
 
 PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
                                    ScheduleKind kind, int stage, int micro_batches,
-                                   int virtual_stages)
+                                   int virtual_stages, MessageMode mode)
     : model_(model),
       world_(world),
       pp_ranks_(std::move(pp_ranks)),
       placement_(schedule_placement(kind, int(pp_ranks_.size()), virtual_stages)),
-      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages)),
+      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages, mode)),
       pp_(int(pp_ranks_.size())),
       stage_(stage),
       m_(micro_batches),
@@ -54,6 +54,7 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
   auto it = live_.find(key);
   if (it != live_.end()) return *it->second;
   auto& pool = pool_[size_t(key.second)];
+  if (pool.empty()) recycle_sent();
   std::unique_ptr<GptModel::Activations> a;
   if (pool.empty()) {
     a = model_.new_activations(key.second);
@@ -65,8 +66,16 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
 }
 
 void PipelineExecutor::release(const Key& key) {
+  // A set whose sends may still be leaving waits in `draining_`: waiting for them here
+  // could deadlock (the receiver may post its receive only after its own sends).
   auto it = live_.find(key);
-  pool_[size_t(key.second)].push_back(std::move(it->second));
+  auto s = sends_.find(key);
+  if (s != sends_.end()) {
+    draining_.push_back({key.second, std::move(it->second), std::move(s->second)});
+    sends_.erase(s);
+  } else {
+    pool_[size_t(key.second)].push_back(std::move(it->second));
+  }
   live_.erase(it);
   weight_done_.erase(key);
   gradient_sent_.erase(key);
@@ -148,6 +157,10 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
       for (const Action& m : step.actions) transfers.push_back(transfer(m));
       world_.exchange(transfers);
       for (const Action& m : step.actions) sent(m);
+    } else if (step.kind == Step::PostSends) {
+      for (const Action& m : step.actions)
+        sends_[{m.microbatch, m.chunk}].push_back(world_.exchange_start({transfer(m)}));
+      for (const Action& m : step.actions) sent(m);
     } else if (step.kind == Step::LocalCopy) {
       local_copy(a);
       sent(a);
@@ -182,11 +195,14 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     if (compute)
       (a.op == Op::Forward ? stats.forward_s
        : a.op == Op::BackwardInput ? stats.backward_input_s : stats.backward_weight_s) += s;
-    stats.peak_activations = std::max(stats.peak_activations, int(live_.size()));
+    stats.peak_activations = std::max(stats.peak_activations, int(live_.size() + draining_.size()));
     if (on_action)
       for (const Action& m : step.actions) on_action(m, t0, t1);
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
+  const auto d0 = Clock::now();
+  drain();
+  stats.wait_s += std::chrono::duration<double>(Clock::now() - d0).count();
   stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;
 }
@@ -218,6 +234,27 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
     }
   }
   return loss_sum;
+}
+
+void PipelineExecutor::recycle_sent() {
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    const bool sent = std::all_of(it->sends.begin(), it->sends.end(),
+                                  [](const auto& op) { return op->test(); });
+    if (sent) {
+      pool_[size_t(it->chunk)].push_back(std::move(it->acts));
+      it = draining_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PipelineExecutor::drain() {
+  for (Draining& d : draining_) {
+    for (auto& op : d.sends) op->wait();
+    pool_[size_t(d.chunk)].push_back(std::move(d.acts));
+  }
+  draining_.clear();
 }
 
 }  // namespace pptrain

@@ -1,6 +1,7 @@
 // Runs one rank's pipeline schedule (schedule.hpp) on the model: exactly the steps of
-// build_steps, the ones the simulator proves: forwards, split backwards, local copies
-// and blocking batches of activation/gradient messages. Activation sets are taken from
+// build_steps, the ones the simulator proves: forwards, split backwards, local copies,
+// and activation/gradient messages (blocking batches, or sends left to complete in the
+// background, by the message mode). Activation sets are taken from
 // a pool when a micro-batch enters a chunk and given back once its weight-gradient pass
 // is done and its input gradient has left.
 #pragma once
@@ -45,9 +46,12 @@ class PipelineExecutor {
   // Called after each action with its timing (for traces).
   using ActionFn = std::function<void(const Action&, Clock::time_point, Clock::time_point)>;
 
-  // `pp_ranks`: world ranks of this pipeline, by stage.
+  // `pp_ranks`: world ranks of this pipeline, by stage. `mode`: Grouped where sends hold
+  // their stream until received (NCCL), AsyncSends where they complete in the
+  // background (MPI).
   PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
-                   ScheduleKind kind, int stage, int micro_batches, int virtual_stages);
+                   ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
+                   MessageMode mode);
 
   // One training step's schedule with loss scale `loss_scale` per micro-batch. Every
   // weight gradient is accumulated when it returns; chunk_done(c) is called as soon as
@@ -64,6 +68,8 @@ class PipelineExecutor {
   using Key = std::pair<int, int>;  // (microbatch, chunk)
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
+  void recycle_sent();  // returns the draining sets whose sends have completed to the pool
+  void drain();         // waits for every send still leaving
   int tag(int microbatch, int chunk, bool backward) const;
   comm::Transfer transfer(const Action& a);
   void local_copy(const Action& a);
@@ -77,6 +83,14 @@ class PipelineExecutor {
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
+  // AsyncSends: the sends still leaving each live set, and released sets waiting for theirs.
+  std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;
+  struct Draining {
+    int chunk;
+    std::unique_ptr<GptModel::Activations> acts;
+    std::vector<std::unique_ptr<comm::PendingOp>> sends;
+  };
+  std::vector<Draining> draining_;
   std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
 };

@@ -238,12 +238,12 @@ std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int mic
 }
 
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
-                              int virtual_stages) {
+                              int virtual_stages, MessageMode mode) {
   require_valid(kind, pp, stage, micro_batches, virtual_stages);
   std::vector<std::vector<Action>> lists;
   for (int s = 0; s < pp; ++s)
     lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages));
-  return batch_messages(lists, schedule_placement(kind, pp, virtual_stages))[size_t(stage)];
+  return batch_messages(lists, schedule_placement(kind, pp, virtual_stages), mode)[size_t(stage)];
 }
 
 int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,

@@ -67,27 +67,43 @@ struct StageCosts {
   double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
 };
 
+// How a rank's messages travel. Both are proven by the simulator under unbuffered
+// point-to-point semantics (a send completes only once its receive is posted).
+//   Grouped: batches of sends and receives that are posted together and complete
+//            together (one NCCL group, NCCL's p2p on the compute stream). Messages
+//            between two ranks match in issue order.
+//   AsyncSends: each send is posted right after the compute that produced it and
+//            completes in the background (MPI_Isend; waited for by the end of the step);
+//            the host waits only in receives, posted just before the compute that needs
+//            them. Messages match by name (MPI tags).
+enum class MessageMode { Grouped, AsyncSends };
+
 // One step of a rank's schedule, run as a unit: a single compute action, a single local
-// copy, or a batch of sends and receives to other ranks that are all posted together and
-// complete together (one MPI wait-all, one NCCL group).
+// copy, a batch of messages that the rank waits for (all of them in Grouped mode; only
+// receives in AsyncSends mode), or sends posted without waiting (AsyncSends mode).
 struct Step {
-  enum Kind { Compute, LocalCopy, Messages } kind;
-  std::vector<Action> actions;  // exactly one unless kind == Messages
+  enum Kind { Compute, LocalCopy, Messages, PostSends } kind;
+  std::vector<Action> actions;  // exactly one for Compute and LocalCopy
   bool operator==(const Step&) const = default;
 };
 
 // The rule that decides which messages travel together (batching.cpp), a pure function
-// of every stage's action list. It times the compute actions on a nominal clock (each F,
-// B and W one unit, messages free) and gives every message the round at which its
+// of every stage's action list.
+// Grouped: it times the compute actions on a nominal clock (each F, B and W its chunk's
+// share of one unit, messages free) and gives every message the round at which its
 // consumer starts; each stage then runs one batch per round at that point of its list:
 // receives just before the compute that needs them, sends deferred until the peer needs
 // them. Both ends of a message are in the same round, so whatever the real timing, no
 // stage can wait on a later round of another: every round completes. Within a batch the
-// messages are sorted the same way on both sides, so per-peer issue orders agree. A
-// local send becomes a LocalCopy step right after its compute. std::logic_error if the
-// lists cannot run even with free messages.
+// messages are sorted the same way on both sides, so per-peer issue orders agree.
+// AsyncSends: the list's own order; consecutive sends become one PostSends step and
+// consecutive receives one Messages step. Only receives wait, so the lists complete
+// whenever they would with buffered messages.
+// Either way a local send becomes a LocalCopy step right after its compute.
+// std::logic_error if the lists cannot run even with free messages.
 std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Action>>& lists,
-                                              const Placement& placement);
+                                              const Placement& placement,
+                                              MessageMode mode = MessageMode::Grouped);
 
 // The ordered action list of `stage` (0-based). Each Forward is preceded by its
 // RecvForward and followed by its SendForward, each BackwardInput preceded by its
@@ -111,7 +127,7 @@ std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int mic
 // What the executor runs and the simulator proves: batch_messages over every stage's
 // build_schedule, this stage's steps.
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
-                              int virtual_stages);
+                              int virtual_stages, MessageMode mode = MessageMode::Grouped);
 
 // The most (microbatch, chunk) sets a stage holds between their Forward and their
 // BackwardWeight under this schedule: gpipe m*v; 1f1b min(m, pp-stage); interleaved

@@ -51,9 +51,9 @@ struct Slot {
 class Simulation {
  public:
   Simulation(const std::vector<std::vector<Step>>& steps, const Placement& placement, int m,
-             const StageCosts& costs, const std::vector<int>& layers)
+             MessageMode mode, const StageCosts& costs, const std::vector<int>& layers)
       : steps_(steps), placement_(placement), pp_(placement.pp()), m_(m), v_(placement.chunks()),
-        costs_(costs), stages_(size_t(pp_)) {
+        mode_(mode), costs_(costs), stages_(size_t(pp_)) {
     for (auto& s : stages_) s.units.resize(size_t(m * v_));
     set_chunk_shares(layers);
     match_messages();
@@ -69,6 +69,11 @@ class Simulation {
     }
     report_deadlock();
     report_missing();
+    // Sends still leaving when a stage's list ends are waited for there.
+    for (const auto& [slot, t] : matched_at_) {
+      StageState& st = stages_[size_t(std::get<0>(slot))];
+      st.clock = std::max(st.clock, t);
+    }
     SimulationResult r;
     for (const auto& st : stages_) {
       r.makespan = std::max(r.makespan, st.clock);
@@ -88,9 +93,10 @@ class Simulation {
   const Step& current(int s) const { return steps_[size_t(s)][stages_[size_t(s)].next]; }
 
   static std::string describe(const Step& step) {
-    if (step.kind != Step::Messages) return to_string(step.actions[0]);
-    std::string out = "{";
-    for (const Action& a : step.actions) out += (out.size() > 1 ? ", " : "") + to_string(a);
+    if (step.kind == Step::Compute || step.kind == Step::LocalCopy) return to_string(step.actions[0]);
+    std::string out = step.kind == Step::PostSends ? "post {" : "{";
+    const size_t open = out.size();
+    for (const Action& a : step.actions) out += (out.size() > open ? ", " : "") + to_string(a);
     return out + "}";
   }
   std::string where(int s, size_t step) const {
@@ -146,7 +152,7 @@ class Simulation {
         if (step.actions.empty()) fail(s, i, "empty step");
         for (size_t j = 0; j < step.actions.size(); ++j) {
           const Action& a = step.actions[j];
-          const bool message = step.kind == Step::Messages;
+          const bool message = step.kind == Step::Messages || step.kind == Step::PostSends;
           if ((step.kind == Step::Compute) != is_compute(a.op) || (!message && j > 0))
             fail(s, i, "a step mixes computation and messages");
           if (step.kind == Step::Compute) continue;
@@ -159,10 +165,20 @@ class Simulation {
           if (peer == s)
             fail(s, i, to_string(a) + ": a message to its own stage (a neighbour on the same "
                                       "stage is a local copy, with no receive)");
+          if (step.kind == Step::PostSends && !is_send(a.op))
+            fail(s, i, to_string(a) + ": only sends can be posted without waiting");
           if (is_send(a.op)) sends[{s, peer}].push_back({{s, i, j}, msg});
           else receives[{peer, s}].push_back({{s, i, j}, msg});
         }
       }
+    }
+    if (mode_ == MessageMode::AsyncSends) {  // MPI matches by tag: sort both sides by name
+      auto by_name = [](const auto& x, const auto& y) {
+        return std::tuple(x.second.microbatch, x.second.chunk, int(x.second.kind)) <
+               std::tuple(y.second.microbatch, y.second.chunk, int(y.second.kind));
+      };
+      for (auto& [channel, list] : sends) std::stable_sort(list.begin(), list.end(), by_name);
+      for (auto& [channel, list] : receives) std::stable_sort(list.begin(), list.end(), by_name);
     }
     for (auto& [channel, sent] : sends) {
       const auto [from, to] = channel;
@@ -198,9 +214,16 @@ class Simulation {
   bool advance(int s) {
     StageState& st = stages_[size_t(s)];
     const Step& step = current(s);
-    if (step.kind == Step::Messages) {
+    if (step.kind == Step::Messages || step.kind == Step::PostSends) {
       if (st.posted) return false;
-      for (const Action& a : step.actions) post(s, a);
+      for (size_t j = 0; j < step.actions.size(); ++j) {
+        post(s, step.actions[j]);
+        posted_at_[key({s, st.next, j})] = st.clock;
+      }
+      if (step.kind == Step::PostSends) {  // completes in the background
+        ++st.next;
+        return true;
+      }
       st.posted = true;
       st.post_time = st.clock;
       return true;
@@ -297,12 +320,12 @@ class Simulation {
       auto done = matched_at_.find(mine);
       if (done == matched_at_.end()) {
         const Slot& other = partner_.at(mine);
-        const StageState& peer = stages_[size_t(other.stage)];
-        if (peer.next != other.step || !peer.posted) {
+        const auto peer = posted_at_.find(key(other));
+        if (peer == posted_at_.end()) {
           all = false;
           continue;
         }
-        const double at = std::max(st.post_time, peer.post_time) + costs_.p2p;
+        const double at = std::max(st.post_time, peer->second) + costs_.p2p;
         done = matched_at_.emplace(mine, at).first;
         matched_at_.emplace(key(other), at);
         progress = true;
@@ -375,38 +398,41 @@ class Simulation {
   const std::vector<std::vector<Step>>& steps_;
   Placement placement_;
   int pp_, m_, v_;
+  MessageMode mode_;
   StageCosts costs_;
   std::vector<StageState> stages_;
   std::vector<double> share_;  // per virtual stage
   std::map<std::tuple<int, size_t, size_t>, Slot> partner_;
   std::map<std::tuple<int, size_t, size_t>, double> matched_at_;  // when each message matched
+  std::map<std::tuple<int, size_t, size_t>, double> posted_at_;   // when each was posted
 };
 
 }  // namespace
 
 SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
-                                const Placement& placement, int micro_batches,
+                                const Placement& placement, int micro_batches, MessageMode mode,
                                 const StageCosts& costs,
                                 const std::vector<int>& layers_per_virtual_stage) {
   if (micro_batches < 1) throw std::invalid_argument("simulate: micro_batches must be >= 1");
   if (int(steps.size()) != placement.pp())
     throw std::invalid_argument("simulate: got " + std::to_string(steps.size()) +
                                 " stages' steps for pp = " + std::to_string(placement.pp()));
-  return Simulation(steps, placement, micro_batches, costs, layers_per_virtual_stage).run();
+  return Simulation(steps, placement, micro_batches, mode, costs, layers_per_virtual_stage).run();
 }
 
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
                           const StageCosts& costs,
-                          const std::vector<int>& layers_per_virtual_stage) {
+                          const std::vector<int>& layers_per_virtual_stage, MessageMode mode) {
   std::vector<std::vector<Step>> steps;
   for (int s = 0; s < pp; ++s)
-    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages));
-  return simulate_steps(steps, schedule_placement(kind, pp, virtual_stages), micro_batches, costs,
-                        layers_per_virtual_stage);
+    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages, mode));
+  return simulate_steps(steps, schedule_placement(kind, pp, virtual_stages), micro_batches, mode,
+                        costs, layers_per_virtual_stage);
 }
 
-double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages) {
-  return simulate(kind, pp, micro_batches, virtual_stages).bubble;
+double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
+                          MessageMode mode) {
+  return simulate(kind, pp, micro_batches, virtual_stages, {}, {}, mode).bubble;
 }
 
 }  // namespace pptrain

@@ -20,12 +20,14 @@ struct SimulationResult {
 
 // Runs steps[stage] for stage 0..pp-1 together. The semantics, the strictest that MPI
 // without buffering and NCCL allow:
-// - Messages between two stages match in issue order (NCCL has no tags): the k-th send
-//   from a to b is the k-th receive on b from a, and must name the same (microbatch,
-//   chunk) and kind, or the run is rejected before it starts.
-// - Nothing is buffered: a batch of messages completes only when every part's
-//   counterpart is posted, and then as one unit with every batch it is joined to
-//   through them (a grouped send/receive runs whole), at the latest post time plus p2p.
+// - Nothing is buffered: a message completes only once both of its ends are posted, at
+//   the later post time plus p2p. A Messages step waits until all its messages have
+//   completed; a PostSends step does not wait, and its sends are waited for when the
+//   stage's list ends.
+// - Grouped mode: messages between two stages match in issue order (NCCL has no tags);
+//   the k-th send from a to b is the k-th receive on b from a and must name the same
+//   (microbatch, chunk) and kind. AsyncSends mode: they match by that name (MPI tags).
+//   A mismatch is rejected before the run starts.
 // - Compute steps take their cost; a local copy is instant.
 // Throws std::logic_error naming stage, step and actions on: deadlock (with the cycle of
 // stages that wait on each other and the step each waits in), a receive whose message is
@@ -38,18 +40,23 @@ struct SimulationResult {
 // steps.size() != pp or a size is < 1.
 SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
                                 const Placement& placement, int micro_batches,
+                                MessageMode mode = MessageMode::Grouped,
                                 const StageCosts& costs = {},
                                 const std::vector<int>& layers_per_virtual_stage = {});
 
 // Builds every stage's steps with build_steps and simulates them.
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
                           const StageCosts& costs = {},
-                          const std::vector<int>& layers_per_virtual_stage = {});
+                          const std::vector<int>& layers_per_virtual_stage = {},
+                          MessageMode mode = MessageMode::Grouped);
 
-// The bubble of the schedule's own steps with unit costs and free messages. Closed forms:
-// gpipe and 1f1b (p-1)/(m+p-1); zb-h1 (p-1)/(3m+p-1) for m >= p (a third of 1f1b's
-// bubble time); interleaved (p-1)/(v*m+p-1) (Megatron: bubble time divided by v); zb-v
-// zero for m >= 2p (the paper's (p-1)(F+B-2W) idle time with F = B = W).
-double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages);
+// The bubble of the schedule's own steps with unit costs and free messages. Closed forms
+// (Grouped and AsyncSends agree there): gpipe and 1f1b (p-1)/(m+p-1); zb-h1
+// (p-1)/(3m+p-1) for m >= p (a third of 1f1b's bubble time); interleaved
+// (p-1)/(v*m+p-1) (Megatron: bubble time divided by v); zb-v below zb-h1 and going to
+// zero with m (the paper's (p-1)(F+B-2W) idle time is zero with F = B = W, but the last
+// stage still waits p-1 chunk units for its first input).
+double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
+                          MessageMode mode = MessageMode::Grouped);
 
 }  // namespace pptrain

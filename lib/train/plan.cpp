@@ -58,7 +58,9 @@ std::string describe_plan(const Config& c) {
     split += (split.empty() ? "" : ",") + std::to_string(e - b);
   line("pipeline", fmt::format("layers per virtual stage [{}]; theoretical bubble {:.3f}; at most "
                                "{} micro-batch activation set(s) alive on stage 0",
-                               split, theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages),
+                               split,
+                               theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages,
+                                                  message_mode(cuda)),
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
   // Stage 0 of tensor-parallel rank 0: the busiest rank for weights and activations.
   const ParamLayout rank0 = gpt_param_layout(

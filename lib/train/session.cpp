@@ -48,6 +48,10 @@ Placement placement_of(const Config& c) {
                             c.parallel.virtual_stages);
 }
 
+MessageMode message_mode(bool device_memory) {
+  return device_memory ? MessageMode::Grouped : MessageMode::AsyncSends;
+}
+
 RankGrid make_grid(const Config& c) {
   const auto& p = c.parallel;
   return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage());
@@ -83,7 +87,8 @@ Session::Session(const Config& config)
                                config.parallel.layers_per_stage),
             comms.tp_for_model()),
       executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
-               coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages) {}
+               coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
+               message_mode(ops->device_memory())) {}
 
 // A checkpoint of another model shape whose tensors happen to fit (n_head changes no
 // shape) must not be resumed.

@@ -28,6 +28,9 @@ void check_schedule(const Config& config);
 // (its embedding groups join the first stage to the head's stage).
 Placement placement_of(const Config& config);
 RankGrid make_grid(const Config& config);
+// How pipeline messages travel on this backend: grouped batches on a device (NCCL holds
+// a stream until a send is received), sends in the background on the host (MPI).
+MessageMode message_mode(bool device_memory);
 
 struct Session {
   explicit Session(const Config& config);

@@ -75,11 +75,11 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool st
 
 // The schedule simulated with this step's measured F, B and W times and free messages:
 // what the bubble would be if the ranks only waited for each other's compute.
-double simulated_bubble(const Config& cfg, const StageCosts& costs) {
+double simulated_bubble(const Config& cfg, const StageCosts& costs, MessageMode mode) {
   const auto& p = cfg.parallel;
   if (costs.forward <= 0) return 0;
   return simulate(parse_schedule(p.schedule), p.pp, p.micro_batches, p.virtual_stages, costs,
-                  p.layers_per_stage)
+                  p.layers_per_stage, mode)
       .bubble;
 }
 
@@ -139,7 +139,9 @@ TrainResult train_rank(Session& s) {
   // MFU's denominator: only for GPUs (or a configured peak).
   const double peak_tflops = peak_tflops_for(cfg.train.peak_tflops, s.ops->device_model());
   const ScheduleKind kind = parse_schedule(par.schedule);
-  const double bubble_theory = theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages);
+  const MessageMode mode = message_mode(s.ops->device_memory());
+  const double bubble_theory =
+      theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages, mode);
   if (s.logs()) {
     spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
     spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
@@ -242,7 +244,7 @@ TrainResult train_rank(Session& s) {
                             {"bubble_min", rep.bubble_min},
                             {"bubble_max", rep.bubble_max},
                             {"bubble_theory", bubble_theory},
-                            {"bubble_sim", simulated_bubble(cfg, rep.costs)},
+                            {"bubble_sim", simulated_bubble(cfg, rep.costs, mode)},
                             {"compute_s", rep.compute_s},
                             {"wait_s", rep.wait_s},
                             {"comm_s", rep.comm_s},

@@ -23,9 +23,10 @@ Lists build_all(ScheduleKind kind, int p, int m, int v) {
   for (int s = 0; s < p; ++s) lists.push_back(build_schedule(kind, p, s, m, v));
   return lists;
 }
-Steps steps_all(ScheduleKind kind, int p, int m, int v) {
+Steps steps_all(ScheduleKind kind, int p, int m, int v,
+                MessageMode mode = MessageMode::Grouped) {
   Steps steps;
-  for (int s = 0; s < p; ++s) steps.push_back(build_steps(kind, p, s, m, v));
+  for (int s = 0; s < p; ++s) steps.push_back(build_steps(kind, p, s, m, v, mode));
   return steps;
 }
 
@@ -87,42 +88,60 @@ void expect_same_actions(const std::vector<Action>& list, const std::vector<Step
 }
 
 // The property test: pp 1..8, m 1..32, v 1..4, every schedule that accepts the sizes,
-// proven deadlock-free with unbuffered messages; peaks within the documented bounds.
+// in both message modes, proven deadlock-free with unbuffered messages; peaks within the
+// documented bounds.
 TEST(Simulator, EveryScheduleOverASweep) {
-  std::map<ScheduleKind, int> runs;
-  for (ScheduleKind kind : kAll) {
-    for (int p = 1; p <= 8; ++p) {
-      for (int m = 1; m <= 32; ++m) {
-        for (int v = 1; v <= 4; ++v) {
-          if (!schedule_constraint_error(kind, p, m, v).empty()) continue;
-          SCOPED_TRACE(schedule_name(kind) + " p=" + std::to_string(p) + " m=" +
-                       std::to_string(m) + " v=" + std::to_string(v));
-          const Placement pl = schedule_placement(kind, p, v);
-          const Lists lists = build_all(kind, p, m, v);
-          const Steps steps = steps_all(kind, p, m, v);
-          for (int s = 0; s < p; ++s) {
-            expect_well_formed(lists[size_t(s)], pl, s, m);
-            expect_same_actions(lists[size_t(s)], steps[size_t(s)]);
-          }
-          const SimulationResult r = simulate_steps(steps, pl, m);
-          ASSERT_EQ(int(r.busy.size()), p);
-          for (int s = 0; s < p; ++s) {
-            EXPECT_NEAR(r.busy[size_t(s)], 3.0 * m, 1e-9);  // v chunks at 1/v each
-            EXPECT_LE(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
-            EXPECT_LE(r.peak_awaiting_backward[size_t(s)], backward_bound(kind, p, s, m, v));
-            if (kind != ScheduleKind::ZeroBubbleH1 && kind != ScheduleKind::ZeroBubbleV) {
-              EXPECT_EQ(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
+  std::map<std::pair<ScheduleKind, MessageMode>, int> runs;
+  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+    for (ScheduleKind kind : kAll) {
+      for (int p = 1; p <= 8; ++p) {
+        for (int m = 1; m <= 32; ++m) {
+          for (int v = 1; v <= 4; ++v) {
+            if (!schedule_constraint_error(kind, p, m, v).empty()) continue;
+            SCOPED_TRACE(schedule_name(kind) + " p=" + std::to_string(p) + " m=" +
+                         std::to_string(m) + " v=" + std::to_string(v) +
+                         (mode == MessageMode::Grouped ? " grouped" : " async sends"));
+            const Placement pl = schedule_placement(kind, p, v);
+            const Lists lists = build_all(kind, p, m, v);
+            const Steps steps = steps_all(kind, p, m, v, mode);
+            for (int s = 0; s < p; ++s) {
+              if (mode == MessageMode::Grouped) expect_well_formed(lists[size_t(s)], pl, s, m);
+              expect_same_actions(lists[size_t(s)], steps[size_t(s)]);
             }
+            const SimulationResult r = simulate_steps(steps, pl, m, mode);
+            ASSERT_EQ(int(r.busy.size()), p);
+            for (int s = 0; s < p; ++s) {
+              EXPECT_NEAR(r.busy[size_t(s)], 3.0 * m, 1e-9);  // v chunks at 1/v each
+              EXPECT_LE(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
+              EXPECT_LE(r.peak_awaiting_backward[size_t(s)], backward_bound(kind, p, s, m, v));
+              if (kind != ScheduleKind::ZeroBubbleH1 && kind != ScheduleKind::ZeroBubbleV) {
+                EXPECT_EQ(r.peak_activations[size_t(s)], activation_bound(kind, p, s, m, v));
+              }
+            }
+            EXPECT_DOUBLE_EQ(theoretical_bubble(kind, p, m, v, mode), r.bubble);
+            // With free messages and unit costs both modes give the schedule's own bubble.
+            EXPECT_NEAR(theoretical_bubble(kind, p, m, v, MessageMode::Grouped), r.bubble, 1e-12);
+            ++runs[{kind, mode}];
           }
-          EXPECT_DOUBLE_EQ(theoretical_bubble(kind, p, m, v), r.bubble);
-          ++runs[kind];
         }
       }
     }
   }
-  EXPECT_EQ(runs[ScheduleKind::OneFOneB], 8 * 32);
-  EXPECT_EQ(runs[ScheduleKind::ZeroBubbleV], 8 * 32);
-  EXPECT_EQ(runs[ScheduleKind::Interleaved], 3 * (16 + 10 + 8 + 6 + 5 + 4 + 4));  // m % p == 0
+  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+    EXPECT_EQ((runs[{ScheduleKind::OneFOneB, mode}]), 8 * 32);
+    EXPECT_EQ((runs[{ScheduleKind::ZeroBubbleV, mode}]), 8 * 32);
+    EXPECT_EQ((runs[{ScheduleKind::Interleaved, mode}]), 3 * (16 + 10 + 8 + 6 + 5 + 4 + 4));
+  }
+}
+
+// Sends that hold their rank until received cost time when F, B and W differ; sends left
+// to complete in the background do not (interleaved at p = 2, m = 16 with CPU-like times).
+TEST(Simulator, AsyncSendsKeepTheClosedForm) {
+  const StageCosts cpu{71.6, 77, 50.9, 0};
+  const double async = simulate(ScheduleKind::Interleaved, 2, 16, 2, cpu, {}, MessageMode::AsyncSends).bubble;
+  const double grouped = simulate(ScheduleKind::Interleaved, 2, 16, 2, cpu).bubble;
+  EXPECT_LT(async, grouped);
+  EXPECT_NEAR(async, 1.0 / 33, 1e-3);  // (p-1)/(v*m+p-1): W rides with B here
 }
 
 // Uneven layer splits change the costs, never the proof; the bubble grows.
@@ -273,6 +292,19 @@ TEST(SimulatorRejects, SendsWaitForTheirReceive) {
   const std::string msg = failure(steps);
   EXPECT_NE(msg.find("sender and receiver order their messages differently"), std::string::npos)
       << msg;
+}
+
+// The unbuffered cycle: 1F1B's steady state with sends in the background is fine, but a
+// send that holds its rank until received (a lone blocking send) closes the cycle.
+TEST(SimulatorRejects, BlockingLoneSendsDeadlock) {
+  const Steps async = steps_all(ScheduleKind::OneFOneB, 2, 3, 1, MessageMode::AsyncSends);
+  EXPECT_NO_THROW(simulate_steps(async, kLooped2, 3, MessageMode::AsyncSends));
+  Steps blocking = async;
+  for (auto& list : blocking)
+    for (Step& st : list)
+      if (st.kind == Step::PostSends) st.kind = Step::Messages;
+  const std::string msg = failure(blocking);
+  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
 }
 
 TEST(SimulatorRejects, MissingSend) {
