@@ -39,6 +39,8 @@
 #   PPS          the pipeline degrees to sweep (default "2 4")
 #   WIDE=1       a wider model (d_model 512, 8 heads, seq_len 32) whose backward-weight
 #                time comes closer to its forward time
+#   SCHEDULE_COSTS  parallel.schedule_costs for every run, e.g. "[1, 1.1, 0.7]" (the F, B
+#                and W times zb-v plans with and sim is simulated at; default [1, 1, 1])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-10}
@@ -76,6 +78,7 @@ model=(--set model.n_layer=8 --set model.d_model=128 --set model.n_head=4
 if [ "${WIDE:-0}" = 1 ]; then
   model+=(--set model.d_model=512 --set model.n_head=8 --set model.seq_len=32)
 fi
+if [ -n "${SCHEDULE_COSTS:-}" ]; then model+=(--set "parallel.schedule_costs=$SCHEDULE_COSTS"); fi
 
 # The CPU share other processes took since ticks "$1 $2 $3" (busy, total, own).
 other_share() {
@@ -133,7 +136,7 @@ done
 
 echo "pptrain pipeline bubble sweep: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')), $(date -u -d "@$start" '+%F %H:%M UTC')"
 if [ "${WIDE:-0}" = 1 ]; then shape="d_model 512, 8 heads, seq_len 32"; else shape="d_model 128, 4 heads, seq_len 64"; fi
-echo "model: 8 layers, $shape, micro-batch 2 sequences, 1 thread per rank, synthetic data"
+echo "model: 8 layers, $shape, micro-batch 2 sequences, 1 thread per rank, synthetic data; schedule_costs ${SCHEDULE_COSTS:-[1, 1, 1]}"
 echo "$steps steps per run, medians of steps 2..$steps; of $runs runs, each row shows its configuration's least disturbed"
 echo
 python3 "$helper" report "$manifest"

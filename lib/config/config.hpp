@@ -27,6 +27,9 @@ struct ParallelConfig {
   int virtual_stages = 1;
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
   std::vector<int> layers_per_stage;  // layers of each virtual stage; empty: even split
+  // Relative forward, backward-input and backward-weight times that zb-v plans its order
+  // with (and the theoretical bubble is simulated at).
+  std::vector<double> schedule_costs = {1, 1, 1};
   double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
 };
 

@@ -73,13 +73,15 @@ class Decoder {
     else if (node.IsScalar()) out = node.Scalar();
     else wrong(key, node, "a string");
   }
-  void decode(const std::string& key, const YAML::Node& node, std::vector<int>& out) {
+  template <typename T>
+  void decode(const std::string& key, const YAML::Node& node, std::vector<T>& out) {
     out.clear();
     if (node.IsNull()) return;
-    if (!node.IsSequence()) wrong(key, node, "a list of integers");
+    if (!node.IsSequence())
+      wrong(key, node, std::is_same_v<T, int> ? "a list of integers" : "a list of numbers");
     for (std::size_t i = 0; i < node.size(); ++i) {
       std::string item = key + "[" + std::to_string(i) + "]";
-      int v = 0;
+      T v = 0;
       field(item, node[i], &v, node[i].Mark());
       out.push_back(v);
     }
@@ -154,6 +156,10 @@ std::string to_yaml(const Config& config) {
           } else if constexpr (std::is_same_v<T, std::vector<int>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (int x : *v) out << std::to_string(x);
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (double x : *v) out << format_double(x);
             out << YAML::EndSeq;
           } else {
             out << std::to_string(*v);

@@ -103,6 +103,13 @@ void validate_layout(const Config& c, const Rules& r) {
                                               std::to_string(c.model.n_layer) + " (got " +
                                               std::to_string(sum) + ")");
   }
+  if (p.schedule_costs.size() != 3)
+    r.fail("parallel.schedule_costs", "needs 3 entries, the forward, backward-input and "
+                                      "backward-weight times (got " +
+                                          std::to_string(p.schedule_costs.size()) + ")");
+  for (double t : p.schedule_costs)
+    if (!(std::isfinite(t) && t > 0))
+      r.fail("parallel.schedule_costs", "entries must be finite and > 0 (got " + num(t) + ")");
   if (p.zero == 1 && p.dp == 1)
     r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
   if (!(p.comm_timeout_s > 0))

@@ -36,12 +36,14 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
 
 PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
                                    ScheduleKind kind, int stage, int micro_batches,
-                                   int virtual_stages, MessageMode mode)
+                                   int virtual_stages, MessageMode mode,
+                                   const StageCosts& planned)
     : model_(model),
       world_(world),
       pp_ranks_(std::move(pp_ranks)),
       placement_(schedule_placement(kind, int(pp_ranks_.size()), virtual_stages)),
-      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages, mode)),
+      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages, mode,
+                         planned)),
       pp_(int(pp_ranks_.size())),
       stage_(stage),
       m_(micro_batches),

@@ -51,7 +51,7 @@ class PipelineExecutor {
   // background (MPI).
   PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
                    ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
-                   MessageMode mode);
+                   MessageMode mode, const StageCosts& planned = {});
 
   // One training step's schedule with loss scale `loss_scale` per micro-batch. Every
   // weight gradient is accumulated when it returns; chunk_done(c) is called as soon as

@@ -202,9 +202,9 @@ std::vector<Action> build_interleaved(int pp, int stage, int m, int v) {
 }
 
 // ZB-V: the list scheduler's compute order for this stage, with its messages.
-std::vector<Action> build_zb_v(int pp, int stage, int m) {
+std::vector<Action> build_zb_v(int pp, int stage, int m, const StageCosts& planned) {
   ListBuilder b(Placement(PlacementKind::V, pp, 2), stage);
-  const std::vector<Action> order = zb_v_compute_order(pp, m)[size_t(stage)];
+  const std::vector<Action> order = zb_v_compute_order(pp, m, planned)[size_t(stage)];
   for (const Action& a : order) {
     if (a.op == Op::Forward) b.forward(a.microbatch, a.chunk);
     else if (a.op == Op::BackwardInput) b.backward(a.microbatch, a.chunk, /*with_weight=*/false);
@@ -224,7 +224,7 @@ void require_valid(ScheduleKind kind, int pp, int stage, int m, int v) {
 }  // namespace
 
 std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int micro_batches,
-                                   int virtual_stages) {
+                                   int virtual_stages, const StageCosts& planned) {
   require_valid(kind, pp, stage, micro_batches, virtual_stages);
   switch (kind) {
     case ScheduleKind::GPipe: return build_gpipe(pp, stage, micro_batches);
@@ -232,17 +232,17 @@ std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int mic
     case ScheduleKind::Interleaved:
       return build_interleaved(pp, stage, micro_batches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1: return build_zb_h1(pp, stage, micro_batches);
-    case ScheduleKind::ZeroBubbleV: return build_zb_v(pp, stage, micro_batches);
+    case ScheduleKind::ZeroBubbleV: return build_zb_v(pp, stage, micro_batches, planned);
   }
   throw std::invalid_argument("unknown schedule kind");
 }
 
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
-                              int virtual_stages, MessageMode mode) {
+                              int virtual_stages, MessageMode mode, const StageCosts& planned) {
   require_valid(kind, pp, stage, micro_batches, virtual_stages);
   std::vector<std::vector<Action>> lists;
   for (int s = 0; s < pp; ++s)
-    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages));
+    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages, planned));
   return batch_messages(lists, schedule_placement(kind, pp, virtual_stages), mode)[size_t(stage)];
 }
 

@@ -118,16 +118,19 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
 //   zb-h1:       1F1B's forward/B order with the gradient sent right after B; stage s
 //                defers each W by s microbatches, and the deferred Ws fill the cool-down.
 //   zb-v:        zero-bubble V (Qi et al., arXiv 2401.10241): two chunks in a V, the
-//                order found by list-scheduling all stages together with unit F, B and W
-//                times (see zb_v.cpp); at most 2*pp chunk sets (1F1B's memory) per stage.
+//                order found by list-scheduling all stages together with the planned F,
+//                B and W times (see zb_v.cpp); at most 2*pp chunk sets (1F1B's memory)
+//                per stage.
 // Throws std::invalid_argument when schedule_constraint_error is not empty or the stage
 // is out of range.
+// `planned`: the relative F, B and W times zb-v plans its order with (the others ignore it).
 std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int micro_batches,
-                                   int virtual_stages);
+                                   int virtual_stages, const StageCosts& planned = {});
 // What the executor runs and the simulator proves: batch_messages over every stage's
 // build_schedule, this stage's steps.
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
-                              int virtual_stages, MessageMode mode = MessageMode::Grouped);
+                              int virtual_stages, MessageMode mode = MessageMode::Grouped,
+                              const StageCosts& planned = {});
 
 // The most (microbatch, chunk) sets a stage holds between their Forward and their
 // BackwardWeight under this schedule: gpipe m*v; 1f1b min(m, pp-stage); interleaved

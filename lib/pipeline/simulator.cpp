@@ -422,17 +422,18 @@ SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
 
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
                           const StageCosts& costs,
-                          const std::vector<int>& layers_per_virtual_stage, MessageMode mode) {
+                          const std::vector<int>& layers_per_virtual_stage, MessageMode mode,
+                          const StageCosts& planned) {
   std::vector<std::vector<Step>> steps;
   for (int s = 0; s < pp; ++s)
-    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages, mode));
+    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages, mode, planned));
   return simulate_steps(steps, schedule_placement(kind, pp, virtual_stages), micro_batches, mode,
                         costs, layers_per_virtual_stage);
 }
 
 double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                          MessageMode mode) {
-  return simulate(kind, pp, micro_batches, virtual_stages, {}, {}, mode).bubble;
+                          MessageMode mode, const StageCosts& planned) {
+  return simulate(kind, pp, micro_batches, virtual_stages, planned, {}, mode, planned).bubble;
 }
 
 }  // namespace pptrain

@@ -44,19 +44,23 @@ SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
                                 const StageCosts& costs = {},
                                 const std::vector<int>& layers_per_virtual_stage = {});
 
-// Builds every stage's steps with build_steps and simulates them.
+// Builds every stage's steps with build_steps (zb-v planned for `planned`) and simulates
+// them with `costs`.
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
                           const StageCosts& costs = {},
                           const std::vector<int>& layers_per_virtual_stage = {},
-                          MessageMode mode = MessageMode::Grouped);
+                          MessageMode mode = MessageMode::Grouped,
+                          const StageCosts& planned = {});
 
-// The bubble of the schedule's own steps with unit costs and free messages. Closed forms
+// The bubble of the schedule's own steps with the planned costs (unit by default) and
+// free messages. Closed forms with unit costs
 // (Grouped and AsyncSends agree there): gpipe and 1f1b (p-1)/(m+p-1); zb-h1
 // (p-1)/(3m+p-1) for m >= p (a third of 1f1b's bubble time); interleaved
 // (p-1)/(v*m+p-1) (Megatron: bubble time divided by v); zb-v below zb-h1 and going to
 // zero with m (the paper's (p-1)(F+B-2W) idle time is zero with F = B = W, but the last
 // stage still waits p-1 chunk units for its first input).
 double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,
-                          MessageMode mode = MessageMode::Grouped);
+                          MessageMode mode = MessageMode::Grouped,
+                          const StageCosts& planned = {});
 
 }  // namespace pptrain

@@ -1,5 +1,6 @@
-// The ZB-V list scheduler. Time advances in units of one chunk's F, B or W (the paper's
-// T_F = T_B = T_W case); messages are free. Whenever a stage is free it runs, in order of
+// The ZB-V list scheduler. Time advances in ticks; F, B and W take their planned times,
+// rounded to sixteenths of the longest (all one tick in the paper's T_F = T_B = T_W
+// case); messages are free. Whenever a stage is free it runs, in order of
 // preference: a BackwardInput whose gradient has arrived (the critical path), a Forward
 // whose input has arrived while it holds fewer than zb_v_set_limit sets, else the oldest
 // pending BackwardWeight; with none of these it idles for one unit. Bs and Fs of a
@@ -7,6 +8,7 @@
 #include "pipeline/zb_v.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <limits>
 #include <stdexcept>
@@ -22,15 +24,22 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 
 class ListScheduler {
  public:
-  ListScheduler(int pp, int m)
+  ListScheduler(int pp, int m, const StageCosts& planned)
       : pp_(pp), m_(m), placement_(PlacementKind::V, pp, 2), forward_done_(size_t(m * 2 * pp), kNever),
-        backward_done_(forward_done_), stages_(size_t(pp)), orders_(size_t(pp)) {}
+        backward_done_(forward_done_), stages_(size_t(pp)), orders_(size_t(pp)) {
+    const double longest =
+        std::max({planned.forward, planned.backward_input, planned.backward_weight});
+    auto ticks = [&](double t) { return std::max(1.0, std::round(16 * t / longest)); };
+    ticks_[0] = ticks(planned.forward);
+    ticks_[1] = ticks(planned.backward_input);
+    ticks_[2] = ticks(planned.backward_weight);
+  }
 
-  // Every action takes one unit, so all times are whole numbers: each tick, every free
-  // stage starts what it may (what ends at this tick is already known).
+  // All times are whole ticks: each tick, every free stage starts what it may (what ends
+  // at this tick is already known).
   std::vector<std::vector<Action>> run() {
     const int actions = m_ * 2 * 3;
-    const int last_tick = actions * pp_;  // far past any schedule that makes progress
+    const int last_tick = actions * pp_ * 16;  // far past any schedule that makes progress
     for (int tick = 0, finished = 0; finished < pp_; ++tick) {
       if (tick > last_tick) throw std::logic_error("zb-v scheduler: no stage can go on");
       finished = 0;
@@ -77,7 +86,7 @@ class ListScheduler {
     for (int chunk : {1, 0}) {
       if (backward_ready(s, chunk) <= now) {
         const int mb = st.next_backward[chunk]++;
-        at(backward_done_, mb, placement_.virtual_stage(s, chunk)) = now + 1;
+        at(backward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::BackwardInput);
         st.weights.push_back({Op::BackwardWeight, mb, chunk});
         return run(s, now, {Op::BackwardInput, mb, chunk});
       }
@@ -86,7 +95,7 @@ class ListScheduler {
       for (int chunk : {1, 0}) {
         if (forward_ready(s, chunk) <= now) {
           const int mb = st.next_forward[chunk]++;
-          at(forward_done_, mb, placement_.virtual_stage(s, chunk)) = now + 1;
+          at(forward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::Forward);
           ++st.alive;
           return run(s, now, {Op::Forward, mb, chunk});
         }
@@ -103,12 +112,17 @@ class ListScheduler {
 
   bool run(int s, double now, const Action& a) {
     orders_[size_t(s)].push_back(a);
-    stages_[size_t(s)].clock = now + 1;
+    stages_[size_t(s)].clock = now + ticks(a.op);
     return true;
+  }
+
+  double ticks(Op op) const {
+    return ticks_[op == Op::Forward ? 0 : op == Op::BackwardInput ? 1 : 2];
   }
 
   int pp_, m_;
   Placement placement_;
+  double ticks_[3];  // F, B, W
   std::vector<double> forward_done_, backward_done_;  // finish times by (mb, virtual stage)
   std::vector<Stage> stages_;
   std::vector<std::vector<Action>> orders_;
@@ -116,10 +130,13 @@ class ListScheduler {
 
 }  // namespace
 
-std::vector<std::vector<Action>> zb_v_compute_order(int pp, int micro_batches) {
+std::vector<std::vector<Action>> zb_v_compute_order(int pp, int micro_batches,
+                                                    const StageCosts& planned) {
   if (pp < 1 || micro_batches < 1)
     throw std::invalid_argument("zb-v: pp and micro_batches must be >= 1");
-  return ListScheduler(pp, micro_batches).run();
+  if (!(planned.forward > 0 && planned.backward_input > 0 && planned.backward_weight > 0))
+    throw std::invalid_argument("zb-v: the planned F, B and W times must be > 0");
+  return ListScheduler(pp, micro_batches, planned).run();
 }
 
 }  // namespace pptrain

@@ -13,7 +13,9 @@ namespace pptrain {
 int zb_v_set_limit(int pp);
 
 // Forward, BackwardInput and BackwardWeight actions of each stage 0..pp-1, in order, for
-// two chunks in a V placement. std::invalid_argument if pp or micro_batches < 1.
-std::vector<std::vector<Action>> zb_v_compute_order(int pp, int micro_batches);
+// two chunks in a V placement, planned for the relative F, B and W times `planned`.
+// std::invalid_argument if pp or micro_batches < 1 or a time is not > 0.
+std::vector<std::vector<Action>> zb_v_compute_order(int pp, int micro_batches,
+                                                    const StageCosts& planned = {});
 
 }  // namespace pptrain

@@ -52,6 +52,11 @@ MessageMode message_mode(bool device_memory) {
   return device_memory ? MessageMode::Grouped : MessageMode::AsyncSends;
 }
 
+StageCosts planned_costs(const Config& c) {
+  const std::vector<double>& t = c.parallel.schedule_costs;
+  return {t.at(0), t.at(1), t.at(2), 0};
+}
+
 RankGrid make_grid(const Config& c) {
   const auto& p = c.parallel;
   return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage());
@@ -88,7 +93,7 @@ Session::Session(const Config& config)
             comms.tp_for_model()),
       executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
-               message_mode(ops->device_memory())) {}
+               message_mode(ops->device_memory()), planned_costs(config)) {}
 
 // A checkpoint of another model shape whose tensors happen to fit (n_head changes no
 // shape) must not be resumed.

@@ -31,6 +31,8 @@ RankGrid make_grid(const Config& config);
 // How pipeline messages travel on this backend: grouped batches on a device (NCCL holds
 // a stream until a send is received), sends in the background on the host (MPI).
 MessageMode message_mode(bool device_memory);
+// parallel.schedule_costs: the F, B and W times schedules are planned with.
+StageCosts planned_costs(const Config& config);
 
 struct Session {
   explicit Session(const Config& config);

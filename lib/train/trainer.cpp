@@ -79,7 +79,7 @@ double simulated_bubble(const Config& cfg, const StageCosts& costs, MessageMode 
   const auto& p = cfg.parallel;
   if (costs.forward <= 0) return 0;
   return simulate(parse_schedule(p.schedule), p.pp, p.micro_batches, p.virtual_stages, costs,
-                  p.layers_per_stage, mode)
+                  p.layers_per_stage, mode, planned_costs(cfg))
       .bubble;
 }
 
@@ -141,7 +141,7 @@ TrainResult train_rank(Session& s) {
   const ScheduleKind kind = parse_schedule(par.schedule);
   const MessageMode mode = message_mode(s.ops->device_memory());
   const double bubble_theory =
-      theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages, mode);
+      theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages, mode, planned_costs(cfg));
   if (s.logs()) {
     spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
     spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
@@ -245,6 +245,9 @@ TrainResult train_rank(Session& s) {
                             {"bubble_max", rep.bubble_max},
                             {"bubble_theory", bubble_theory},
                             {"bubble_sim", simulated_bubble(cfg, rep.costs, mode)},
+                            {"forward_ms", rep.costs.forward * 1e3},
+                            {"backward_input_ms", rep.costs.backward_input * 1e3},
+                            {"backward_weight_ms", rep.costs.backward_weight * 1e3},
                             {"compute_s", rep.compute_s},
                             {"wait_s", rep.wait_s},
                             {"comm_s", rep.comm_s},

@@ -21,6 +21,7 @@ inline void expect_same_config(const Config& a, const Config& b) {
   PPTRAIN_SAME(parallel.schedule);
   PPTRAIN_SAME(parallel.virtual_stages);
   PPTRAIN_SAME(parallel.zero);
+  PPTRAIN_SAME(parallel.schedule_costs);
   PPTRAIN_SAME(train.steps);
   PPTRAIN_SAME(train.lr);
   PPTRAIN_SAME(train.min_lr);

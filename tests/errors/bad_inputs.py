@@ -142,6 +142,7 @@ CASES = [
     ("C24", [], TRAIN + ["--set", "train.peak_tflops=-1"]),
     ("C25", [], TRAIN + ["--set", "model.n_layer=4", "--set", "parallel.pp=2", "--set",
                          "parallel.schedule=zb-v"]),
+    ("C26", [], TRAIN + ["--set", "parallel.schedule_costs=[1, 0, 1]"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],
