@@ -4,8 +4,10 @@
   plot_run.py metrics METRICS.jsonl -o run.png
       Three panels over the steps: training loss (validation loss as points), tokens/s,
       and the pipeline bubble (mean over ranks, a band from the least to the most idle
-      rank, and the schedule's theoretical bubble). The metrics file is appended to by
-      every run that names it, so where a step occurs more than once its last record wins.
+      rank, the schedule's theoretical bubble, and the schedule simulated at each step's
+      measured forward, backward-input and backward-weight times). The metrics file is
+      appended to by every run that names it, so where a step occurs more than once its
+      last record wins.
 
   plot_run.py trace TRACE.json -o timeline.png [--step N]
       One row per rank of a traced step (default: the first one in the trace): forward,
@@ -132,6 +134,10 @@ def plot_metrics(path, out, title):
     xs, ys = series(records, "bubble_theory")
     if xs:
         ax_bub.plot(xs, ys, "--", color="black", linewidth=1, label="theoretical (schedule)")
+    xs, ys = series(records, "bubble_sim")
+    if xs:
+        ax_bub.plot(xs, ys, ":", color="black", linewidth=1,
+                    label="simulated at the step's measured F, B, W")
     ax_bub.set_ylabel("bubble (idle fraction)")
     ax_bub.set_ylim(0, 1)
     ax_bub.set_xlabel("step")

@@ -21,7 +21,8 @@ def metrics_lines():
     for step in range(1, 11):
         rec = {"step": step, "loss": 5.5 - 0.3 * step, "lr": 1e-3, "grad_norm": 1.0,
                "tokens_per_s": 1000.0 + 10 * step, "step_time_s": 0.1,
-               "bubble": 0.3, "bubble_min": 0.2, "bubble_max": 0.4, "bubble_theory": 0.25}
+               "bubble": 0.3, "bubble_min": 0.2, "bubble_max": 0.4, "bubble_theory": 0.25,
+               "bubble_sim": 0.28}
         if step % 5 == 0:
             rec["val_loss"] = 5.6 - 0.3 * step
         yield json.dumps(rec)
