@@ -30,6 +30,7 @@ struct ParallelConfig {
   // Relative forward, backward-input and backward-weight times that zb-v plans its order
   // with (and the theoretical bubble is simulated at).
   std::vector<double> schedule_costs = {1, 1, 1};
+  std::string message_mode = "auto";  // auto | grouped | async-sends
   double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
 };
 

@@ -72,6 +72,7 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
   r.at_least("parallel.micro_batch_size", p.micro_batch_size, 1);
   r.at_least("parallel.virtual_stages", p.virtual_stages, 1);
   r.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
+  r.one_of("parallel.message_mode", p.message_mode, {"auto", "grouped", "async-sends"});
   if (p.zero != 0 && p.zero != 1)
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
 }

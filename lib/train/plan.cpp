@@ -60,7 +60,7 @@ std::string describe_plan(const Config& c) {
                                "{} micro-batch activation set(s) alive on stage 0",
                                split,
                                theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages,
-                                                  message_mode(cuda), planned_costs(c)),
+                                                  message_mode(c, cuda), planned_costs(c)),
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
   // Stage 0 of tensor-parallel rank 0: the busiest rank for weights and activations.
   const ParamLayout rank0 = gpt_param_layout(

@@ -48,7 +48,16 @@ Placement placement_of(const Config& c) {
                             c.parallel.virtual_stages);
 }
 
-MessageMode message_mode(bool device_memory) {
+MessageMode message_mode(const Config& c, bool device_memory) {
+  const std::string& mode = c.parallel.message_mode;
+  if (mode == "grouped") return MessageMode::Grouped;
+  if (mode == "async-sends") {
+    if (device_memory)
+      throw InputError(c.source_path + ": parallel.message_mode: async-sends needs CPU ranks "
+                                       "(a send on NCCL holds its stream until received); use "
+                                       "grouped or auto");
+    return MessageMode::AsyncSends;
+  }
   return device_memory ? MessageMode::Grouped : MessageMode::AsyncSends;
 }
 
@@ -93,7 +102,7 @@ Session::Session(const Config& config)
             comms.tp_for_model()),
       executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
-               message_mode(ops->device_memory()), planned_costs(config)) {}
+               message_mode(config, ops->device_memory()), planned_costs(config)) {}
 
 // A checkpoint of another model shape whose tensors happen to fit (n_head changes no
 // shape) must not be resumed.

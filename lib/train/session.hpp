@@ -28,9 +28,10 @@ void check_schedule(const Config& config);
 // (its embedding groups join the first stage to the head's stage).
 Placement placement_of(const Config& config);
 RankGrid make_grid(const Config& config);
-// How pipeline messages travel on this backend: grouped batches on a device (NCCL holds
-// a stream until a send is received), sends in the background on the host (MPI).
-MessageMode message_mode(bool device_memory);
+// How pipeline messages travel (parallel.message_mode): auto is grouped batches on a
+// device (NCCL holds a stream until a send is received) and sends in the background on
+// the host (MPI). InputError for async-sends on a device.
+MessageMode message_mode(const Config& config, bool device_memory);
 // parallel.schedule_costs: the F, B and W times schedules are planned with.
 StageCosts planned_costs(const Config& config);
 

@@ -139,7 +139,7 @@ TrainResult train_rank(Session& s) {
   // MFU's denominator: only for GPUs (or a configured peak).
   const double peak_tflops = peak_tflops_for(cfg.train.peak_tflops, s.ops->device_model());
   const ScheduleKind kind = parse_schedule(par.schedule);
-  const MessageMode mode = message_mode(s.ops->device_memory());
+  const MessageMode mode = message_mode(cfg, s.ops->device_memory());
   const double bubble_theory =
       theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages, mode, planned_costs(cfg));
   if (s.logs()) {

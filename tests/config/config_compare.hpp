@@ -22,6 +22,7 @@ inline void expect_same_config(const Config& a, const Config& b) {
   PPTRAIN_SAME(parallel.virtual_stages);
   PPTRAIN_SAME(parallel.zero);
   PPTRAIN_SAME(parallel.schedule_costs);
+  PPTRAIN_SAME(parallel.message_mode);
   PPTRAIN_SAME(train.steps);
   PPTRAIN_SAME(train.lr);
   PPTRAIN_SAME(train.min_lr);

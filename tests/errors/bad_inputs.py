@@ -143,6 +143,7 @@ CASES = [
     ("C25", [], TRAIN + ["--set", "model.n_layer=4", "--set", "parallel.pp=2", "--set",
                          "parallel.schedule=zb-v"]),
     ("C26", [], TRAIN + ["--set", "parallel.schedule_costs=[1, 0, 1]"]),
+    ("C27", [], TRAIN + ["--set", "parallel.message_mode=eager"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],

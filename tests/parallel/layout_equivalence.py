@@ -5,9 +5,9 @@ Runs pptrain on a tiny fp32 model in the single-rank layout and in each parallel
 (pptrain starts its own ranks through mpirun), then compares the metrics files: the
 first step's loss and gradient norm to 1e-6 relative, every loss over the run to 1e-4.
 The global batch (dp * micro_batches * micro_batch_size) is the same in every layout.
-Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, and Open MPI's eager
-limits are forced down, so that no message is buffered: a schedule that could deadlock
-does.
+Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's message
+mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
+so that no message is buffered: a schedule that could deadlock does.
 Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...]
 """
 import json
@@ -33,6 +33,13 @@ LAYOUTS = {
     "pp2_zb_v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "pp4_zb_v": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "tp2_pp2_dp2_zb_v": (2, 2, 2, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    # The grouped message mode GPUs use (NCCL), run over MPI.
+    "pp2_grouped": (1, 2, 1, 4, ["parallel.message_mode=grouped"]),
+    "pp4_interleaved_grouped": (1, 4, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                                             "parallel.message_mode=grouped"]),
+    "pp4_zb_h1_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-h1", "parallel.message_mode=grouped"]),
+    "pp4_zb_v_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                                      "parallel.message_mode=grouped"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
     "pp2_m3": (1, 2, 1, 4, []),  # replaced below: micro_batches 3 is not this batch
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
