@@ -424,10 +424,11 @@ SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virt
                           const StageCosts& costs,
                           const std::vector<int>& layers_per_virtual_stage, MessageMode mode,
                           const StageCosts& planned) {
-  std::vector<std::vector<Step>> steps;
+  std::vector<std::vector<Action>> lists;
   for (int s = 0; s < pp; ++s)
-    steps.push_back(build_steps(kind, pp, s, micro_batches, virtual_stages, mode, planned));
-  return simulate_steps(steps, schedule_placement(kind, pp, virtual_stages), micro_batches, mode,
+    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages, planned));
+  const Placement placement = schedule_placement(kind, pp, virtual_stages);
+  return simulate_steps(batch_messages(lists, placement, mode), placement, micro_batches, mode,
                         costs, layers_per_virtual_stage);
 }
 

@@ -25,9 +25,15 @@ Lists build_all(ScheduleKind kind, int p, int m, int v) {
 }
 Steps steps_all(ScheduleKind kind, int p, int m, int v,
                 MessageMode mode = MessageMode::Grouped) {
-  Steps steps;
-  for (int s = 0; s < p; ++s) steps.push_back(build_steps(kind, p, s, m, v, mode));
-  return steps;
+  return batch_messages(build_all(kind, p, m, v), schedule_placement(kind, p, v), mode);
+}
+
+TEST(Simulator, BuildStepsIsOneStagesBatching) {
+  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+    const Steps all = steps_all(ScheduleKind::ZeroBubbleV, 3, 5, 2, mode);
+    for (int s = 0; s < 3; ++s)
+      EXPECT_EQ(build_steps(ScheduleKind::ZeroBubbleV, 3, s, 5, 2, mode), all[size_t(s)]);
+  }
 }
 
 // Independent of the simulator: each (mb, chunk) of a stage has exactly one F, B and
