@@ -130,39 +130,70 @@ int PipelineExecutor::tag(int microbatch, int chunk, bool backward) const {
   return ((microbatch * v_ + chunk) * 2 + (backward ? 1 : 0)) % 32768;
 }
 
+namespace {
+// Calls chunk_done(c) once chunk c's gradients are final: all its weight passes have run
+// and, for the chunk holding the token embedding, those of a head chunk on this rank
+// that adds to the same tied weight.
+class ChunkCompletion {
+ public:
+  ChunkCompletion(const std::vector<ChunkSpec>& chunks, int micro_batches,
+                  const std::function<void(int)>& chunk_done)
+      : m_(micro_batches), weights_(chunks.size(), 0), reported_(chunks.size(), false),
+        chunk_done_(chunk_done) {
+    for (int c = 0; c < int(chunks.size()); ++c) {
+      if (chunks[size_t(c)].first) first_ = c;
+      if (chunks[size_t(c)].last) last_ = c;
+    }
+  }
+  void weight_done(int chunk) {
+    ++weights_[size_t(chunk)];
+    for (int c = 0; c < int(weights_.size()) && chunk_done_; ++c)
+      if (!reported_[size_t(c)] && final(c)) {
+        reported_[size_t(c)] = true;
+        chunk_done_(c);
+      }
+  }
+
+ private:
+  bool final(int c) const {
+    const bool own = weights_[size_t(c)] == m_;
+    return own && (c != first_ || last_ < 0 || weights_[size_t(last_)] == m_);
+  }
+  int m_, first_ = -1, last_ = -1;
+  std::vector<int> weights_;
+  std::vector<bool> reported_;
+  const std::function<void(int)>& chunk_done_;
+};
+}  // namespace
+
+// Runs a step of messages: a batch waited for, or sends left to complete.
+void PipelineExecutor::communicate(const Step& step) {
+  if (step.kind == Step::Messages) {
+    std::vector<comm::Transfer> transfers;
+    for (const Action& m : step.actions) transfers.push_back(transfer(m));
+    world_.exchange(transfers);
+  } else {
+    for (const Action& m : step.actions)
+      sends_[{m.microbatch, m.chunk}].push_back(world_.exchange_start({transfer(m)}));
+  }
+  for (const Action& m : step.actions) sent(m);
+}
+
 PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scale,
                                            const ActionFn& on_action,
                                            const std::function<void(int)>& chunk_done) {
   PipelineStats stats;
   const auto start = Clock::now();
-  std::vector<int> weights_done(size_t(v_), 0);
-  // The chunk holding the embedding also gets the gradient of a head on this rank.
   const auto& chunks = model_.partition().chunks;
-  int first = -1, last = -1;
-  for (int c = 0; c < v_; ++c) {
-    if (chunks[size_t(c)].first) first = c;
-    if (chunks[size_t(c)].last) last = c;
-  }
-  std::vector<bool> reported(size_t(v_), false);
-  auto final = [&](int c) {
-    const bool mine = weights_done[size_t(c)] == m_;
-    return mine && (c != first || last < 0 || weights_done[size_t(last)] == m_);
-  };
+  ChunkCompletion completion(chunks, m_, chunk_done);
   for (const Step& step : steps_) {
     const Action& a = step.actions[0];
     const Key key{a.microbatch, a.chunk};
     const ChunkSpec& spec = chunks[size_t(a.chunk)];
     const auto t0 = Clock::now();
     bool compute = false;
-    if (step.kind == Step::Messages) {
-      std::vector<comm::Transfer> transfers;
-      for (const Action& m : step.actions) transfers.push_back(transfer(m));
-      world_.exchange(transfers);
-      for (const Action& m : step.actions) sent(m);
-    } else if (step.kind == Step::PostSends) {
-      for (const Action& m : step.actions)
-        sends_[{m.microbatch, m.chunk}].push_back(world_.exchange_start({transfer(m)}));
-      for (const Action& m : step.actions) sent(m);
+    if (step.kind == Step::Messages || step.kind == Step::PostSends) {
+      communicate(step);
     } else if (step.kind == Step::LocalCopy) {
       local_copy(a);
       sent(a);
@@ -181,12 +212,7 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
       // The input gradient may still have to be sent (schedules that run W first).
       weight_done_.insert(key);
       if (spec.first || gradient_sent_.count(key)) release(key);
-      ++weights_done[size_t(a.chunk)];
-      for (int c = 0; c < v_ && chunk_done; ++c)
-        if (!reported[size_t(c)] && final(c)) {
-          reported[size_t(c)] = true;
-          chunk_done(c);
-        }
+      completion.weight_done(a.chunk);
     }
     // A device backend queues its work: wait for it, so compute time is measured where
     // it is spent (a no-op on the CPU).

@@ -72,6 +72,7 @@ class PipelineExecutor {
   void drain();         // waits for every send still leaving
   int tag(int microbatch, int chunk, bool backward) const;
   comm::Transfer transfer(const Action& a);
+  void communicate(const Step& step);
   void local_copy(const Action& a);
   void sent(const Action& a);  // after a SendBackward: release the set if W has run
 
