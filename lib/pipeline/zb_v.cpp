@@ -1,10 +1,12 @@
 // The ZB-V list scheduler. Time advances in ticks; F, B and W take their planned times,
 // rounded to sixteenths of the longest (all one tick in the paper's T_F = T_B = T_W
-// case); messages are free. Whenever a stage is free it runs, in order of
-// preference: a BackwardInput whose gradient has arrived (the critical path), a Forward
-// whose input has arrived while it holds fewer than zb_v_set_limit sets, else the oldest
-// pending BackwardWeight; with none of these it idles for one unit. Bs and Fs of a
-// chunk go in micro-batch order; among ready ones the deeper virtual stage goes first.
+// case); messages are free. Whenever a stage is free it runs a BackwardInput whose
+// gradient has arrived or a Forward whose input has arrived while it holds fewer than
+// zb_v_set_limit sets (one policy prefers the B, the critical path; the other the F,
+// which fills the pipeline sooner), else the oldest pending BackwardWeight; with none of
+// these it idles for one tick. Bs and Fs of a chunk go in micro-batch order; among ready
+// ones the deeper virtual stage goes first. The order kept is the policy's whose last
+// stage finishes first (the B-first one on a tie).
 #include "pipeline/zb_v.hpp"
 
 #include <algorithm>
@@ -24,8 +26,9 @@ constexpr double kNever = std::numeric_limits<double>::infinity();
 
 class ListScheduler {
  public:
-  ListScheduler(int pp, int m, const StageCosts& planned)
-      : pp_(pp), m_(m), placement_(PlacementKind::V, pp, 2), forward_done_(size_t(m * 2 * pp), kNever),
+  ListScheduler(int pp, int m, const StageCosts& planned, bool backward_first)
+      : pp_(pp), m_(m), backward_first_(backward_first), placement_(PlacementKind::V, pp, 2),
+        forward_done_(size_t(m * 2 * pp), kNever),
         backward_done_(forward_done_), stages_(size_t(pp)), orders_(size_t(pp)) {
     const double longest =
         std::max({planned.forward, planned.backward_input, planned.backward_weight});
@@ -49,8 +52,10 @@ class ListScheduler {
         else if (st.clock <= tick && !step(s, tick)) st.clock = tick + 1;
       }
     }
+    for (const Stage& st : stages_) makespan_ = std::max(makespan_, st.clock);
     return std::move(orders_);
   }
+  double makespan() const { return makespan_; }
 
  private:
   struct Stage {
@@ -83,29 +88,35 @@ class ListScheduler {
   // Starts one action on stage s at time `now` if one may start; false otherwise.
   bool step(int s, double now) {
     Stage& st = stages_[size_t(s)];
+    if (backward_first_ ? try_backward(s, now) || try_forward(s, now)
+                        : try_forward(s, now) || try_backward(s, now))
+      return true;
+    if (st.weights.empty()) return false;
+    const Action w = st.weights.front();
+    st.weights.pop_front();
+    --st.alive;
+    return run(s, now, w);
+  }
+  bool try_backward(int s, double now) {
+    Stage& st = stages_[size_t(s)];
     for (int chunk : {1, 0}) {
-      if (backward_ready(s, chunk) <= now) {
-        const int mb = st.next_backward[chunk]++;
-        at(backward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::BackwardInput);
-        st.weights.push_back({Op::BackwardWeight, mb, chunk});
-        return run(s, now, {Op::BackwardInput, mb, chunk});
-      }
+      if (backward_ready(s, chunk) > now) continue;
+      const int mb = st.next_backward[chunk]++;
+      at(backward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::BackwardInput);
+      st.weights.push_back({Op::BackwardWeight, mb, chunk});
+      return run(s, now, {Op::BackwardInput, mb, chunk});
     }
-    if (st.alive < zb_v_set_limit(pp_)) {
-      for (int chunk : {1, 0}) {
-        if (forward_ready(s, chunk) <= now) {
-          const int mb = st.next_forward[chunk]++;
-          at(forward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::Forward);
-          ++st.alive;
-          return run(s, now, {Op::Forward, mb, chunk});
-        }
-      }
-    }
-    if (!st.weights.empty()) {
-      const Action w = st.weights.front();
-      st.weights.pop_front();
-      --st.alive;
-      return run(s, now, w);
+    return false;
+  }
+  bool try_forward(int s, double now) {
+    Stage& st = stages_[size_t(s)];
+    if (st.alive >= zb_v_set_limit(pp_)) return false;
+    for (int chunk : {1, 0}) {
+      if (forward_ready(s, chunk) > now) continue;
+      const int mb = st.next_forward[chunk]++;
+      at(forward_done_, mb, placement_.virtual_stage(s, chunk)) = now + ticks(Op::Forward);
+      ++st.alive;
+      return run(s, now, {Op::Forward, mb, chunk});
     }
     return false;
   }
@@ -121,6 +132,8 @@ class ListScheduler {
   }
 
   int pp_, m_;
+  bool backward_first_;
+  double makespan_ = 0;
   Placement placement_;
   double ticks_[3];  // F, B, W
   std::vector<double> forward_done_, backward_done_;  // finish times by (mb, virtual stage)
@@ -136,7 +149,11 @@ std::vector<std::vector<Action>> zb_v_compute_order(int pp, int micro_batches,
     throw std::invalid_argument("zb-v: pp and micro_batches must be >= 1");
   if (!(planned.forward > 0 && planned.backward_input > 0 && planned.backward_weight > 0))
     throw std::invalid_argument("zb-v: the planned F, B and W times must be > 0");
-  return ListScheduler(pp, micro_batches, planned).run();
+  ListScheduler backward_first(pp, micro_batches, planned, true);
+  ListScheduler forward_first(pp, micro_batches, planned, false);
+  auto b = backward_first.run();
+  auto f = forward_first.run();
+  return forward_first.makespan() < backward_first.makespan() ? f : b;
 }
 
 }  // namespace pptrain
