@@ -1,6 +1,6 @@
 // ZB-V's compute order (Qi et al., "Zero Bubble Pipeline Parallelism", arXiv 2401.10241):
-// found by list-scheduling every stage together, as the paper's authors build theirs,
-// rather than written out as a fixed pattern. schedule.cpp adds the messages.
+// found by list-scheduling every stage together for the planned F, B and W times, rather
+// than written out as a fixed pattern. schedule.cpp adds the messages.
 #pragma once
 #include <vector>
 
