@@ -26,9 +26,8 @@ MessageKey message_name(const Placement& placement, int s, const Action& a) {
 
 // Start times of every compute action on the nominal clock: each stage runs its computes
 // in list order, each taking its chunk's share of one unit, as soon as the stage is free
-// and what it needs has ended. A message
-// is available once the compute before its send in the sender's list has ended (a send
-// listed after W waits for W).
+// and what it needs has ended. A message is available once the compute before its send
+// in the sender's list has ended (a send listed after W waits for W).
 class NominalClock {
  public:
   NominalClock(const std::vector<std::vector<Action>>& lists, const Placement& placement)
@@ -111,10 +110,6 @@ class NominalClock {
   std::map<MessageKey, Key> sent_after_;  // message -> the compute its send follows
 };
 
-}  // namespace
-
-namespace {
-
 // AsyncSends: the lists as they are, sends and receives grouped where consecutive.
 std::vector<std::vector<Step>> in_list_order(const std::vector<std::vector<Action>>& lists,
                                              const Placement& placement) {
@@ -143,8 +138,8 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
   if (int(lists.size()) != pp)
     throw std::invalid_argument("batch_messages: got " + std::to_string(lists.size()) +
                                 " lists for pp = " + std::to_string(pp));
-  const NominalClock clock(lists, placement);  // also rejects lists that cannot run
   if (mode == MessageMode::AsyncSends) return in_list_order(lists, placement);
+  const NominalClock clock(lists, placement);
   std::vector<std::vector<Step>> out(static_cast<size_t>(pp));
   for (int s = 0; s < pp; ++s) {
     // Round -> the messages of that round, by their name.

@@ -201,10 +201,9 @@ std::vector<Action> build_interleaved(int pp, int stage, int m, int v) {
   return b.take();
 }
 
-// ZB-V: the list scheduler's compute order for this stage, with its messages.
-std::vector<Action> build_zb_v(int pp, int stage, int m, const StageCosts& planned) {
+// ZB-V: one stage's part of the list scheduler's compute order, with its messages.
+std::vector<Action> build_zb_v(int pp, int stage, const std::vector<Action>& order) {
   ListBuilder b(Placement(PlacementKind::V, pp, 2), stage);
-  const std::vector<Action> order = zb_v_compute_order(pp, m, planned)[size_t(stage)];
   for (const Action& a : order) {
     if (a.op == Op::Forward) b.forward(a.microbatch, a.chunk);
     else if (a.op == Op::BackwardInput) b.backward(a.microbatch, a.chunk, /*with_weight=*/false);
@@ -232,18 +231,37 @@ std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int mic
     case ScheduleKind::Interleaved:
       return build_interleaved(pp, stage, micro_batches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1: return build_zb_h1(pp, stage, micro_batches);
-    case ScheduleKind::ZeroBubbleV: return build_zb_v(pp, stage, micro_batches, planned);
+    case ScheduleKind::ZeroBubbleV:
+      return build_zb_v(pp, stage, zb_v_compute_order(pp, micro_batches, planned)[size_t(stage)]);
   }
   throw std::invalid_argument("unknown schedule kind");
+}
+
+std::vector<std::vector<Action>> build_schedules(ScheduleKind kind, int pp, int micro_batches,
+                                                 int virtual_stages, const StageCosts& planned) {
+  require_valid(kind, pp, 0, micro_batches, virtual_stages);
+  std::vector<std::vector<Action>> lists;
+  if (kind == ScheduleKind::ZeroBubbleV) {
+    const auto orders = zb_v_compute_order(pp, micro_batches, planned);
+    for (int s = 0; s < pp; ++s) lists.push_back(build_zb_v(pp, s, orders[size_t(s)]));
+  } else {
+    for (int s = 0; s < pp; ++s)
+      lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages));
+  }
+  return lists;
+}
+
+std::vector<std::vector<Step>> build_all_steps(ScheduleKind kind, int pp, int micro_batches,
+                                               int virtual_stages, MessageMode mode,
+                                               const StageCosts& planned) {
+  return batch_messages(build_schedules(kind, pp, micro_batches, virtual_stages, planned),
+                        schedule_placement(kind, pp, virtual_stages), mode);
 }
 
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
                               int virtual_stages, MessageMode mode, const StageCosts& planned) {
   require_valid(kind, pp, stage, micro_batches, virtual_stages);
-  std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < pp; ++s)
-    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages, planned));
-  return batch_messages(lists, schedule_placement(kind, pp, virtual_stages), mode)[size_t(stage)];
+  return build_all_steps(kind, pp, micro_batches, virtual_stages, mode, planned)[size_t(stage)];
 }
 
 int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,

@@ -100,7 +100,8 @@ struct Step {
 // consecutive receives one Messages step. Only receives wait, so the lists complete
 // whenever they would with buffered messages.
 // Either way a local send becomes a LocalCopy step right after its compute.
-// std::logic_error if the lists cannot run even with free messages.
+// Grouped: std::logic_error if the lists cannot run even with free messages (AsyncSends
+// leaves that to the simulator, which runs the steps as they are).
 std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Action>>& lists,
                                               const Placement& placement,
                                               MessageMode mode = MessageMode::Grouped);
@@ -126,8 +127,16 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
 // `planned`: the relative F, B and W times zb-v plans its order with (the others ignore it).
 std::vector<Action> build_schedule(ScheduleKind kind, int pp, int stage, int micro_batches,
                                    int virtual_stages, const StageCosts& planned = {});
-// What the executor runs and the simulator proves: batch_messages over every stage's
-// build_schedule, this stage's steps.
+// build_schedule for every stage (zb-v's list scheduler runs once for all of them).
+std::vector<std::vector<Action>> build_schedules(ScheduleKind kind, int pp, int micro_batches,
+                                                 int virtual_stages,
+                                                 const StageCosts& planned = {});
+// What the executor runs and the simulator proves: batch_messages over build_schedules;
+// build_steps is one stage's part.
+std::vector<std::vector<Step>> build_all_steps(ScheduleKind kind, int pp, int micro_batches,
+                                               int virtual_stages,
+                                               MessageMode mode = MessageMode::Grouped,
+                                               const StageCosts& planned = {});
 std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_batches,
                               int virtual_stages, MessageMode mode = MessageMode::Grouped,
                               const StageCosts& planned = {});

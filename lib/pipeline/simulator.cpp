@@ -424,12 +424,9 @@ SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virt
                           const StageCosts& costs,
                           const std::vector<int>& layers_per_virtual_stage, MessageMode mode,
                           const StageCosts& planned) {
-  std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < pp; ++s)
-    lists.push_back(build_schedule(kind, pp, s, micro_batches, virtual_stages, planned));
-  const Placement placement = schedule_placement(kind, pp, virtual_stages);
-  return simulate_steps(batch_messages(lists, placement, mode), placement, micro_batches, mode,
-                        costs, layers_per_virtual_stage);
+  return simulate_steps(build_all_steps(kind, pp, micro_batches, virtual_stages, mode, planned),
+                        schedule_placement(kind, pp, virtual_stages), micro_batches, mode, costs,
+                        layers_per_virtual_stage);
 }
 
 double theoretical_bubble(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,

@@ -73,13 +73,14 @@ StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool st
           int(extremes[2]), extremes[3], extremes[5], extremes[4] > 0};
 }
 
-// The schedule simulated with this step's measured F, B and W times and free messages:
-// what the bubble would be if the ranks only waited for each other's compute.
-double simulated_bubble(const Config& cfg, const StageCosts& costs, MessageMode mode) {
+// The ranks' steps simulated with this step's measured F, B and W times and free
+// messages: what the bubble would be if the ranks only waited for each other's compute.
+double simulated_bubble(const std::vector<std::vector<Step>>& steps, const Config& cfg,
+                        const StageCosts& costs, MessageMode mode) {
   const auto& p = cfg.parallel;
   if (costs.forward <= 0) return 0;
-  return simulate(parse_schedule(p.schedule), p.pp, p.micro_batches, p.virtual_stages, costs,
-                  p.layers_per_stage, mode, planned_costs(cfg))
+  return simulate_steps(steps, placement_of(cfg), p.micro_batches, mode, costs,
+                        p.layers_per_stage)
       .bubble;
 }
 
@@ -140,8 +141,11 @@ TrainResult train_rank(Session& s) {
   const double peak_tflops = peak_tflops_for(cfg.train.peak_tflops, s.ops->device_model());
   const ScheduleKind kind = parse_schedule(par.schedule);
   const MessageMode mode = message_mode(cfg, s.ops->device_memory());
-  const double bubble_theory =
-      theoretical_bubble(kind, par.pp, par.micro_batches, par.virtual_stages, mode, planned_costs(cfg));
+  const double bubble_theory = theoretical_bubble(kind, par.pp, par.micro_batches,
+                                                  par.virtual_stages, mode, planned_costs(cfg));
+  // Every rank's steps (the executor runs its own part), simulated at each step's times.
+  const auto pipeline_steps = build_all_steps(kind, par.pp, par.micro_batches,
+                                              par.virtual_stages, mode, planned_costs(cfg));
   if (s.logs()) {
     spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
     spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
@@ -244,7 +248,7 @@ TrainResult train_rank(Session& s) {
                             {"bubble_min", rep.bubble_min},
                             {"bubble_max", rep.bubble_max},
                             {"bubble_theory", bubble_theory},
-                            {"bubble_sim", simulated_bubble(cfg, rep.costs, mode)},
+                            {"bubble_sim", simulated_bubble(pipeline_steps, cfg, rep.costs, mode)},
                             {"forward_ms", rep.costs.forward * 1e3},
                             {"backward_input_ms", rep.costs.backward_input * 1e3},
                             {"backward_weight_ms", rep.costs.backward_weight * 1e3},

@@ -18,11 +18,7 @@ constexpr ScheduleKind kAll[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
                                  ScheduleKind::Interleaved, ScheduleKind::ZeroBubbleH1,
                                  ScheduleKind::ZeroBubbleV};
 
-Lists build_all(ScheduleKind kind, int p, int m, int v) {
-  Lists lists;
-  for (int s = 0; s < p; ++s) lists.push_back(build_schedule(kind, p, s, m, v));
-  return lists;
-}
+Lists build_all(ScheduleKind kind, int p, int m, int v) { return build_schedules(kind, p, m, v); }
 Steps steps_all(ScheduleKind kind, int p, int m, int v,
                 MessageMode mode = MessageMode::Grouped) {
   return batch_messages(build_all(kind, p, m, v), schedule_placement(kind, p, v), mode);
@@ -31,8 +27,11 @@ Steps steps_all(ScheduleKind kind, int p, int m, int v,
 TEST(Simulator, BuildStepsIsOneStagesBatching) {
   for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
     const Steps all = steps_all(ScheduleKind::ZeroBubbleV, 3, 5, 2, mode);
-    for (int s = 0; s < 3; ++s)
+    for (int s = 0; s < 3; ++s) {
       EXPECT_EQ(build_steps(ScheduleKind::ZeroBubbleV, 3, s, 5, 2, mode), all[size_t(s)]);
+      EXPECT_EQ(build_schedule(ScheduleKind::ZeroBubbleV, 3, s, 5, 2),
+                build_schedules(ScheduleKind::ZeroBubbleV, 3, 5, 2)[size_t(s)]);
+    }
   }
 }
 
@@ -315,15 +314,48 @@ TEST(SimulatorRejects, DeadlockWithTheCycle) {
             std::string::npos) << msg;
 }
 
-// The bug that hung interleaved: each send paired with the next receive from the same
-// neighbour closes a cycle once nothing is buffered. Rebuilt here by hand from 1F1B.
-TEST(SimulatorRejects, SendsWaitForTheirReceive) {
-  Steps steps = golden_1f1b();
-  // Stage 0 posts its receive of the gradient of mb 0 only after sending mb 2.
-  std::swap(steps[0][3].actions[1], steps[0][7].actions[1]);
-  const std::string msg = failure(steps);
-  EXPECT_NE(msg.find("sender and receiver order their messages differently"), std::string::npos)
-      << msg;
+// The executor's old message handling, rebuilt as steps: a send followed by a receive
+// from the same neighbour went out as one waited-for pair, other sends in the
+// background, receives alone.
+Steps old_pairing(const Lists& lists, const Placement& pl) {
+  Steps out(lists.size());
+  for (int s = 0; s < int(lists.size()); ++s) {
+    const std::vector<Action>& list = lists[size_t(s)];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      if (is_compute(a.op)) {
+        out[size_t(s)].push_back({Step::Compute, {a}});
+      } else if (is_local_send(pl, s, a)) {
+        out[size_t(s)].push_back({Step::LocalCopy, {a}});
+      } else if (is_receive(a.op)) {
+        out[size_t(s)].push_back({Step::Messages, {a}});
+      } else if (i + 1 < list.size() && is_receive(list[i + 1].op) &&
+                 message_peer(pl, s, list[i + 1]).stage == message_peer(pl, s, a).stage) {
+        out[size_t(s)].push_back({Step::Messages, {a, list[i + 1]}});
+        ++i;
+      } else {
+        out[size_t(s)].push_back({Step::PostSends, {a}});
+      }
+    }
+  }
+  return out;
+}
+
+// The bug that hung interleaved (the first command: pp 2, v 2, m 4): that pairing
+// closes a cycle on the wrap-around once nothing is buffered. The batching that replaced
+// it runs the same lists.
+TEST(SimulatorRejects, TheOldPairingHangsInterleaved) {
+  const Placement pl = schedule_placement(ScheduleKind::Interleaved, 2, 2);
+  const Lists lists = build_all(ScheduleKind::Interleaved, 2, 4, 2);
+  std::string msg;
+  try {
+    simulate_steps(old_pairing(lists, pl), pl, 4, MessageMode::AsyncSends);
+  } catch (const std::logic_error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends})
+    EXPECT_NO_THROW(simulate_steps(batch_messages(lists, pl, mode), pl, 4, mode));
 }
 
 // The unbuffered cycle: 1F1B's steady state with sends in the background is fine, but a
