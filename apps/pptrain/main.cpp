@@ -6,7 +6,9 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <csignal>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/stop_signal.hpp"
 #include "topology/rank_grid.hpp"
 #include "train/session.hpp"
 #include "train/trainer.hpp"
@@ -44,9 +47,18 @@ void setup_rank_logging(const pptrain::Config& config, const pptrain::comm::Laun
   pptrain::setup_logging(launch.rank == 0 ? config.logging.level : "warn");
 }
 
-int world_size(const pptrain::Config& c) { return c.parallel.tp * c.parallel.pp * c.parallel.dp; }
+using pptrain::world_size;
 
-int run(int argc, char** argv) {
+// A stop requested before any rank started: nothing was done, so nothing is lost, and
+// the requeued job starts exactly as this one would have.
+int stopped_before_start() {
+  spdlog::warn("stop signal received before the ranks started: nothing to save");
+  return pptrain::kExitPreempted;
+}
+
+// `signals` was installed first thing, so that a stop requested during start-up is
+// honoured rather than killing the process.
+int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   CLI::App app{"pptrain: trains GPT-2-style transformers with tensor, pipeline and data "
                "parallelism.\nWithout a command, trains: pptrain --config configs/tiny.yaml"};
   app.require_subcommand(0, 1);
@@ -68,9 +80,18 @@ int run(int argc, char** argv) {
     return code == 0 ? pptrain::kExitOk : pptrain::kExitBadInput;
   }
 
+  // Only training turns a signal into a checkpoint and a stop: other commands keep the
+  // default action (also for a signal that came while the arguments were parsed).
+  if (check_cmd->parsed() || eval_cmd->parsed() || topo_cmd->parsed()) {
+    const int sig = signals->signal_number();
+    signals.reset();
+    if (sig != 0) std::raise(sig);
+  }
   pptrain::setup_logging("info");
-  const pptrain::comm::LaunchInfo launch = pptrain::comm::detect_launcher();
+  pptrain::comm::LaunchInfo launch;
   try {
+    launch = pptrain::comm::detect_launcher();
+    pptrain::comm::exit_with_launcher(launch);
     const pptrain::Config config = load(opts);
     setup_rank_logging(config, launch);
     if (check_cmd->parsed()) {
@@ -89,14 +110,15 @@ int run(int argc, char** argv) {
                                 launch.launcher + " started " + std::to_string(launch.world_size));
     // A multi-rank layout started by hand: start its ranks through mpirun.
     if (world_size(config) > 1 && !launch.under_launcher) {
+      if (signals && signals->requested()) return stopped_before_start();
       spdlog::info("starting {} ranks with mpirun", world_size(config));
-      return pptrain::comm::relaunch_under_mpirun(world_size(config), argc, argv);
+      return pptrain::comm::relaunch_under_mpirun(world_size(config), argc, argv, *signals);
     }
     if (eval_cmd->parsed()) {
       const double loss = pptrain::evaluate_checkpoint(config);
       if (launch.rank == 0) std::printf("val_loss %.9f\n", loss);
     } else {
-      const pptrain::TrainResult r = pptrain::train(config);
+      const pptrain::TrainResult r = pptrain::train(config, *signals);
       spdlog::info("{}: {} steps, loss {:.4f}{}", r.stopped_by_signal ? "stopped" : "done",
                    r.steps_done, r.last_loss,
                    r.last_val_loss ? fmt::format(", val loss {:.4f}", *r.last_val_loss) : "");
@@ -114,4 +136,11 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run(argc, argv); }
+// Stop handlers before the libraries' initialisers run (see StopSignals).
+__attribute__((section(".preinit_array"), used)) static void (*const install_stop_handlers)() =
+    &pptrain::StopSignals::install_at_startup;
+
+int main(int argc, char** argv) {
+  std::optional<pptrain::StopSignals> signals(std::in_place);
+  return run(argc, argv, signals);
+}

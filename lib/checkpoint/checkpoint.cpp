@@ -92,8 +92,10 @@ std::string finish_step_dir(const std::string& dir, int keep, const nlohmann::js
   const fs::path final_dir(step_dir_path(dir, meta.step));
   try {
     try {
-      write_text(tmp / "meta.json",
-                 meta_j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+      const std::string meta_text =
+          meta_j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      write_text(tmp / "meta.json", meta_text);
+      write_text(tmp / kMetaSealName, meta_seal(meta_text));
       for (const auto& [file_name, text] : meta.extra_files) write_text(tmp / file_name, text);
       fsync_dir(tmp.string());
       install_dir(tmp, final_dir);

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "core/random.hpp"
 
 namespace pptrain::ckpt {
@@ -134,25 +135,21 @@ void write_file_atomic(const std::string& path, std::string_view text) {
   fsync_dir(parent.empty() ? "." : parent);
 }
 
+std::string meta_seal(std::string_view meta_text) {
+  Checksum sum;
+  sum.update(meta_text.data(), meta_text.size());
+  return std::string(kChecksumName) + " " + to_hex(sum.value()) + " " +
+         std::to_string(meta_text.size()) + "\n";
+}
+
 MappedFile::MappedFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw InputError(path + ": cannot open (" + errno_text() + ")");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw InputError(path + ": not a regular file");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  const InputFile file(path);
+  size_ = file.size();
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      std::string why = errno_text();
-      ::close(fd);
-      throw InputError(path + ": cannot map (" + why + ")");
-    }
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+    if (p == MAP_FAILED) throw InputError(path + ": cannot map (" + errno_text() + ")");
     data_ = static_cast<const char*>(p);
   }
-  ::close(fd);
 }
 
 MappedFile::~MappedFile() {

@@ -34,6 +34,12 @@ class Checksum {
 };
 
 std::string to_hex(uint64_t v);                            // 16 lowercase hex digits
+
+// meta.json vouches for every tensor file, so it cannot vouch for itself: meta.sum,
+// beside it, holds "mix64x4 <checksum> <bytes>" of meta.json's bytes, and a meta.json
+// that was edited or damaged no longer matches it.
+inline constexpr const char* kMetaSealName = "meta.sum";
+std::string meta_seal(std::string_view meta_text);  // meta.sum's text for meta.json's
 std::string shape_str(const std::vector<int64_t>& shape);  // "[768, 2304]"
 inline constexpr const char* kChecksumName = "mix64x4";
 

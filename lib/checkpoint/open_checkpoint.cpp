@@ -6,6 +6,7 @@
 
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/sharded.hpp"
+#include "checkpoint/step_dirs.hpp"
 #include "core/error.hpp"
 
 namespace pptrain::ckpt {
@@ -14,10 +15,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  MappedFile file(path);
+// meta.json of `dir`, once meta.sum vouches for its bytes.
+nlohmann::json read_meta(const fs::path& dir) {
+  const std::string path = (dir / "meta.json").string();
+  const MappedFile file(path);
+  const std::string_view text(file.data(), file.size());
+  const MappedFile seal((dir / kMetaSealName).string());
+  if (std::string_view(seal.data(), seal.size()) != meta_seal(text))
+    throw InputError(path + ": does not match its checksum in " + kMetaSealName +
+                     " (edited or damaged)");
   try {
-    return nlohmann::json::parse(file.data(), file.data() + file.size());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": not valid JSON (" + e.what() + ")");
   }
@@ -181,7 +189,7 @@ OpenCheckpoint open_checkpoint(const fs::path& dir, bool with_optimizer, bool ve
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(dir.string() + ": no such checkpoint directory");
   const std::string meta_path = (dir / "meta.json").string();
-  const nlohmann::json j = read_json(meta_path);
+  const nlohmann::json j = read_meta(dir);
   auto bad = [&](const std::string& why) { return InputError(meta_path + ": " + why); };
   if (!j.is_object()) throw bad("not a JSON object");
   if (!j.contains("format_version") || !j["format_version"].is_number_integer())
@@ -193,6 +201,10 @@ OpenCheckpoint open_checkpoint(const fs::path& dir, bool with_optimizer, bool ve
               std::to_string(kShardedFormatVersion) + ")");
   if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
     throw bad("no valid step");
+  if (const auto named = parse_step_name(dir.filename().string());
+      named && *named != j["step"].get<int64_t>())
+    throw bad("step " + j["step"].dump() + " disagrees with the directory name " +
+              dir.filename().string());
   if (!j.contains("config_yaml") || !j["config_yaml"].is_string()) throw bad("no config_yaml");
   if (j.value("checksum_algorithm", std::string()) != kChecksumName)
     throw bad(std::string("checksum_algorithm is not ") + kChecksumName);

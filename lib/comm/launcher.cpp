@@ -2,22 +2,29 @@
 // that lets `pptrain --config x.yaml` start its own ranks on one machine.
 #include "comm/launcher.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <thread>
 #include <stdexcept>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 extern char** environ;
 
@@ -38,7 +45,7 @@ std::optional<int> env_int(const char* name) {
   const char* end = text->data() + text->size();
   auto [ptr, ec] = std::from_chars(text->data(), end, value);
   if (text->empty() || ec != std::errc() || ptr != end || value < 0)
-    throw InputError("environment variable " + std::string(name) + "='" + *text +
+    throw InputError("environment variable " + std::string(name) + "='" + abbreviated(*text) +
                      "' is not a non-negative integer");
   return value;
 }
@@ -100,14 +107,83 @@ LaunchInfo detect_launcher() {
   } else if (auto pmix = env_int("PMIX_RANK"))
     info = make_info("pmix", "PMIX_RANK", *pmix, std::nullopt, std::nullopt);
   info.relaunched = env("PPTRAIN_LAUNCHED").value_or("") == "1";
+  if (info.relaunched) info.relaunching_parent = env_int("PPTRAIN_PARENT_PID").value_or(0);
   return info;
 }
 
 namespace {
-volatile std::sig_atomic_t g_forward_signal = 0;  // set by the relaunching parent's handler
+
+// A descriptor that becomes readable when process `pid` exits (-1: no such process or
+// no pidfd support, see errno).
+int open_pidfd(int pid) { return int(::syscall(SYS_pidfd_open, pid, 0)); }
+
+[[noreturn]] void launcher_gone(const char* what, int pid) {
+  char line[160];
+  const int n = std::snprintf(line, sizeof line,
+                              "pptrain: error: %s (pid %d) is gone; this rank stops\n", what, pid);
+  if (n > 0) (void)!::write(STDERR_FILENO, line, std::size_t(n));
+  ::_exit(kExitFailure);
+}
+
 }  // namespace
 
-int relaunch_under_mpirun(int world_size, int argc, char** argv) {
+void exit_with_launcher(const LaunchInfo& launch) {
+  if (!launch.under_launcher) return;
+  const pid_t parent = ::getppid();
+  const int relauncher = launch.relaunching_parent;
+  int pidfd = -1;
+  if (relauncher > 0) {
+    pidfd = open_pidfd(relauncher);
+    if (pidfd < 0 && errno == ESRCH) launcher_gone("the pptrain that started the ranks", relauncher);
+  }
+  std::thread([parent, relauncher, pidfd] {
+    for (;;) {
+      if (pidfd >= 0) {
+        pollfd p{pidfd, POLLIN, 0};
+        if (::poll(&p, 1, 200) > 0) launcher_gone("the pptrain that started the ranks", relauncher);
+      } else {
+        ::usleep(200 * 1000);
+        if (relauncher > 0 && ::kill(relauncher, 0) != 0 && errno == ESRCH)
+          launcher_gone("the pptrain that started the ranks", relauncher);
+      }
+      if (::getppid() != parent) launcher_gone("the launcher that started this rank", parent);
+    }
+  }).detach();
+}
+
+namespace {
+
+// A private temporary directory, removed with what is in it.
+class TempDir {
+ public:
+  TempDir() {
+    const std::string base = env("TMPDIR").value_or("/tmp");
+    std::string pattern = base + "/pptrain-XXXXXX";
+    if (!::mkdtemp(pattern.data()))
+      throw std::runtime_error("cannot create a temporary directory in " + base + ": " +
+                               std::strerror(errno));
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void create_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace
+
+int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSignals& stop) {
   PPTRAIN_CHECK(world_size >= 1 && argc >= 1, "relaunch_under_mpirun: bad arguments");
   const std::string wanted = env("PPTRAIN_MPIRUN").value_or("mpirun");
   const std::string mpirun = find_program(wanted);
@@ -116,49 +192,54 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv) {
                              " ranks: '" + wanted + "' is not an executable" +
                              (wanted.find('/') == std::string::npos ? " on PATH" : "") +
                              " (set PPTRAIN_MPIRUN, or launch with mpirun/srun yourself)");
+  const TempDir dir;
+  const std::string stop_file = dir.path() + "/stop";
 
+  // The children inherit our environment plus these variables, which mpirun exports.
+  const std::vector<std::string> exported = {
+      "PPTRAIN_LAUNCHED=1", "PPTRAIN_PARENT_PID=" + std::to_string(::getpid()),
+      std::string(kStopFileVariable) + "=" + stop_file};
   std::vector<std::string> args = {mpirun, "-np", std::to_string(world_size),
                                    "--oversubscribe", "--bind-to", "none"};
   if (::geteuid() == 0) args.push_back("--allow-run-as-root");
-  args.insert(args.end(), {"-x", "PPTRAIN_LAUNCHED", self_executable(argv[0])});
+  for (const std::string& e : exported) args.insert(args.end(), {"-x", e.substr(0, e.find('='))});
+  args.push_back(self_executable(argv[0]));
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   std::vector<char*> cargs;
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
 
-  // The children inherit our environment plus PPTRAIN_LAUNCHED=1.
-  std::string marker = "PPTRAIN_LAUNCHED=1";
+  std::vector<std::string> entries = exported;  // execve wants mutable strings
   std::vector<char*> cenv;
+  auto replaced = [&](const char* entry) {
+    return std::any_of(exported.begin(), exported.end(), [&](const std::string& e) {
+      return std::strncmp(entry, e.c_str(), e.find('=') + 1) == 0;
+    });
+  };
   for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "PPTRAIN_LAUNCHED=", 17) != 0) cenv.push_back(*e);
-  cenv.push_back(marker.data());
+    if (!replaced(*e)) cenv.push_back(*e);
+  for (auto& e : entries) cenv.push_back(e.data());
   cenv.push_back(nullptr);
 
   pid_t pid = 0;
   if (int err = ::posix_spawn(&pid, mpirun.c_str(), nullptr, nullptr, cargs.data(), cenv.data()))
     throw std::runtime_error("cannot start " + mpirun + ": " + std::strerror(err));
-  // A stop request (SIGTERM/SIGUSR1) to this parent reaches the ranks as SIGUSR1, which
-  // mpirun forwards to every rank: they checkpoint and stop. (mpirun answers SIGTERM
-  // itself by killing the ranks, which would lose the step.)
-  struct sigaction forward {}, old_term {}, old_usr1 {};
-  forward.sa_handler = [](int sig) { g_forward_signal = sig; };
-  sigemptyset(&forward.sa_mask);  // no SA_RESTART: waitpid returns EINTR
-  ::sigaction(SIGTERM, &forward, &old_term);
-  ::sigaction(SIGUSR1, &forward, &old_usr1);
+  // A stop request (SIGTERM/SIGUSR1 to this process, caught by `stop`) becomes the stop
+  // file, which the ranks check before the first step and after every step. (mpirun
+  // answers SIGTERM itself by killing the ranks, which would lose the step.)
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      ::sigaction(SIGTERM, &old_term, nullptr);
-      ::sigaction(SIGUSR1, &old_usr1, nullptr);
+  bool stop_sent = false;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR)
       throw std::runtime_error("waiting for " + mpirun + " failed: " + std::strerror(errno));
+    if (!stop_sent && stop.requested()) {
+      create_file(stop_file);
+      stop_sent = true;
     }
-    if (g_forward_signal != 0) {
-      g_forward_signal = 0;
-      ::kill(pid, SIGUSR1);
-    }
+    ::usleep(50 * 1000);
   }
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  ::sigaction(SIGUSR1, &old_usr1, nullptr);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

@@ -16,6 +16,7 @@
 #include "config/config.hpp"
 #include "config/config_detail.hpp"
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 
 namespace pptrain {
 namespace config_detail {
@@ -69,7 +70,7 @@ std::string dotted(const Field& f) {
 std::string Origins::where(const std::string& key) const {
   for (auto it = override_keys.rbegin(); it != override_keys.rend(); ++it)
     if (key == *it || key.starts_with(*it + ".") || key.starts_with(*it + "["))
-      return "--set " + *it;
+      return "--set " + abbreviated(*it);
   if (auto it = value_line.find(key); it != value_line.end())
     return file + ":" + std::to_string(it->second);
   // The key is absent: blame its section.
@@ -78,7 +79,7 @@ std::string Origins::where(const std::string& key) const {
     if (auto it = section_line.find(section); it != section_line.end())
       return file + ":" + std::to_string(it->second);
     for (const std::string& o : override_keys)
-      if (o.starts_with(section + ".")) return "--set " + o;
+      if (o.starts_with(section + ".")) return "--set " + abbreviated(o);
   }
   return file;
 }
@@ -128,7 +129,7 @@ std::string unknown_key(const std::string& key) {
     if (k.substr(k.rfind('.') + 1) == leaf) d = std::min<std::size_t>(d, 1);
     if (d < best_d) best_d = d, best = k;
   }
-  std::string msg = "unknown key '" + key + "'";
+  std::string msg = "unknown key '" + abbreviated(key) + "'";
   if (best_d <= 2 || best_d * 3 <= key.size()) msg += " (did you mean '" + best + "'?)";
   return msg;
 }
@@ -137,17 +138,11 @@ std::string at_line(const std::string& file, const YAML::Mark& mark) {
   return mark.is_null() ? file : file + ":" + std::to_string(mark.line + 1);
 }
 
+// A config is a few KiB; anything over this is not one (and is never read whole).
+constexpr std::size_t kMaxConfigBytes = 4u << 20;
+
 std::string read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw InputError(path + ": cannot read config file: " + std::strerror(errno));
-  std::string text;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  int err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (err) throw InputError(path + ": cannot read config file: " + std::strerror(err));
-  return text;
+  return InputFile(path, "config file").read_all(kMaxConfigBytes);
 }
 
 // Where each document of a YAML stream starts, and the mark of its root node. Used to
@@ -239,7 +234,7 @@ struct Override {
 };
 
 Override parse_override(const std::string& text) {
-  std::string where = "--set " + text;
+  std::string where = "--set " + abbreviated(text);
   auto eq = text.find('=');
   if (eq == std::string::npos)
     throw InputError(where + ": expected KEY=VALUE, e.g. train.lr=3e-4");
@@ -251,7 +246,8 @@ Override parse_override(const std::string& text) {
   for (std::size_t start = 0;;) {
     std::size_t dot = key.find('.', start);
     o.path.push_back(key.substr(start, dot - start));
-    if (o.path.back().empty()) throw InputError(where + ": malformed key '" + key + "'");
+    if (o.path.back().empty())
+      throw InputError(where + ": malformed key '" + abbreviated(key) + "'");
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
@@ -278,7 +274,7 @@ void apply_override(YAML::Node& root, const Override& o, const Origins& origins)
       std::string loc = origins.where(name);
       if (loc == origins.file) loc = at_line(origins.file, child.Mark());
       throw InputError(loc + ": " + name + ": expected a map of keys, got " + describe(child) +
-                       " (while applying --set " + o.text + ")");
+                       " (while applying --set " + abbreviated(o.text) + ")");
     }
     node.reset(node[name]);
   }

@@ -103,7 +103,12 @@ std::string to_yaml(const Config& config);
 
 // Derived sizes used everywhere.
 inline int padded_vocab(const ModelConfig& m, int multiple = 128) {
-  return (m.vocab_size + multiple - 1) / multiple * multiple;
+  return int((int64_t(m.vocab_size) + multiple - 1) / multiple * multiple);  // vocab <= 2^24
+}
+// The most ranks a layout may have (validated): beyond the largest GPU clusters built.
+inline constexpr int kMaxWorldSize = 1 << 18;
+inline int world_size(const Config& c) {  // validated: at most kMaxWorldSize
+  return c.parallel.tp * c.parallel.pp * c.parallel.dp;
 }
 inline int64_t tokens_per_step(const Config& c) {
   return int64_t(c.parallel.dp) * c.parallel.micro_batches * c.parallel.micro_batch_size *

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_detail.hpp"
+#include "core/input_file.hpp"
 
 namespace pptrain::config_detail {
 namespace {
@@ -72,6 +73,10 @@ class Decoder {
     if (node.IsNull()) out.clear();  // `key:` with no value means ""
     else if (node.IsScalar()) out = node.Scalar();
     else wrong(key, node, "a string");
+    if (out.size() > kMaxStringBytes)
+      fail_key(origins_, key, "is " + std::to_string(out.size()) + " bytes, more than the " +
+                                  std::to_string(kMaxStringBytes) + " allowed (" +
+                                  describe(node) + ")");
   }
   template <typename T>
   void decode(const std::string& key, const YAML::Node& node, std::vector<T>& out) {
@@ -87,6 +92,8 @@ class Decoder {
     }
   }
 
+  // Every string key is a name or a path: PATH_MAX bytes at most.
+  static constexpr std::size_t kMaxStringBytes = 4096;
   Origins& origins_;
 };
 
@@ -102,7 +109,7 @@ std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "an empty value";
   if (node.IsMap()) return "a map";
   if (node.IsSequence()) return "a list";
-  return (is_quoted(node) ? "quoted string '" : "'") + node.Scalar() + "'";
+  return (is_quoted(node) ? "quoted string '" : "'") + abbreviated(node.Scalar()) + "'";
 }
 
 Config decode(const YAML::Node& root, Origins& origins) {

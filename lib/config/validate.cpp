@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/config_detail.hpp"
+#include "core/input_file.hpp"
 
 namespace pptrain::config_detail {
 namespace {
@@ -28,6 +29,11 @@ class Rules {
     if (value < min)
       fail(key, "must be >= " + std::to_string(min) + " (got " + std::to_string(value) + ")");
   }
+  void in_range(const char* key, long long value, long long min, long long max) const {
+    at_least(key, value, min);
+    if (value > max)
+      fail(key, "must be <= " + std::to_string(max) + " (got " + std::to_string(value) + ")");
+  }
   void positive(const char* key, double value) const {
     if (!(value > 0)) fail(key, "must be > 0 (got " + num(value) + ")");
   }
@@ -42,7 +48,7 @@ class Rules {
     if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
     std::string list;
     for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-    fail(key, "must be one of " + list + " (got '" + value + "')");
+    fail(key, "must be one of " + list + " (got '" + abbreviated(value) + "')");
   }
   [[noreturn]] void fail(const char* key, const std::string& reason) const {
     fail_key(origins_, key, reason);
@@ -52,25 +58,36 @@ class Rules {
   const Origins& origins_;
 };
 
+// Upper bounds far beyond any real model or cluster. They keep every size product in
+// range of 64-bit integers and stop typos (dp=1000000) before anything is allocated
+// or launched.
+constexpr long long kMaxLayers = 4096, kMaxHeads = 4096, kMaxWidth = 1 << 17;
+constexpr long long kMaxSeqLen = 1 << 20, kMaxVocab = 1 << 24, kMaxBatch = 1 << 20;
+constexpr long long kMaxTokensPerStep = 1ll << 40;
+
 void validate_model(const ModelConfig& m, const Rules& r) {
-  r.at_least("model.n_layer", m.n_layer, 1);
-  r.at_least("model.n_head", m.n_head, 1);
-  r.at_least("model.d_model", m.d_model, 1);
+  r.in_range("model.n_layer", m.n_layer, 1, kMaxLayers);
+  r.in_range("model.n_head", m.n_head, 1, kMaxHeads);
+  r.in_range("model.d_model", m.d_model, 1, kMaxWidth);
   if (m.d_model % m.n_head != 0)
     r.fail("model.d_model", "must be divisible by model.n_head (got d_model=" +
                                 std::to_string(m.d_model) + ", n_head=" +
                                 std::to_string(m.n_head) + ")");
-  r.at_least("model.seq_len", m.seq_len, 1);
-  r.at_least("model.vocab_size", m.vocab_size, 2);
+  r.in_range("model.seq_len", m.seq_len, 1, kMaxSeqLen);
+  r.in_range("model.vocab_size", m.vocab_size, 2, kMaxVocab);
 }
 
 void validate_parallel(const ParallelConfig& p, const Rules& r) {
-  r.at_least("parallel.tp", p.tp, 1);
-  r.at_least("parallel.pp", p.pp, 1);
-  r.at_least("parallel.dp", p.dp, 1);
-  r.at_least("parallel.micro_batches", p.micro_batches, 1);
-  r.at_least("parallel.micro_batch_size", p.micro_batch_size, 1);
-  r.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  r.in_range("parallel.tp", p.tp, 1, kMaxWorldSize);
+  r.in_range("parallel.pp", p.pp, 1, kMaxWorldSize);
+  r.in_range("parallel.dp", p.dp, 1, kMaxWorldSize);
+  const long long world = (long long)p.tp * p.pp * p.dp;  // each factor <= 2^18: no overflow
+  if (world > kMaxWorldSize)
+    r.fail("parallel.dp", "tp*pp*dp = " + std::to_string(world) + " ranks is more than the " +
+                              std::to_string(kMaxWorldSize) + " pptrain supports");
+  r.in_range("parallel.micro_batches", p.micro_batches, 1, kMaxBatch);
+  r.in_range("parallel.micro_batch_size", p.micro_batch_size, 1, kMaxBatch);
+  r.in_range("parallel.virtual_stages", p.virtual_stages, 1, kMaxLayers);
   r.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
   r.one_of("parallel.message_mode", p.message_mode, {"auto", "grouped", "async-sends"});
   if (p.zero != 0 && p.zero != 1)
@@ -94,7 +111,7 @@ void validate_layout(const Config& c, const Rules& r) {
       r.fail("parallel.layers_per_stage", "needs pp * virtual_stages = " + std::to_string(parts) +
                                               " entries (got " +
                                               std::to_string(p.layers_per_stage.size()) + ")");
-    int sum = 0;
+    long long sum = 0;
     for (int n : p.layers_per_stage) {
       if (n < 1) r.fail("parallel.layers_per_stage", "entries must be >= 1 (got " + std::to_string(n) + ")");
       sum += n;
@@ -104,6 +121,12 @@ void validate_layout(const Config& c, const Rules& r) {
                                               std::to_string(c.model.n_layer) + " (got " +
                                               std::to_string(sum) + ")");
   }
+  // In floating point: the product of four bounded factors can exceed 64 bits.
+  const double tokens = double(p.dp) * p.micro_batches * p.micro_batch_size * c.model.seq_len;
+  if (tokens > double(kMaxTokensPerStep))
+    r.fail("parallel.micro_batches", "dp * micro_batches * micro_batch_size * model.seq_len = " +
+                                         num(tokens) + " tokens per step is more than the " +
+                                         std::to_string(kMaxTokensPerStep) + " allowed");
   if (p.schedule_costs.size() != 3)
     r.fail("parallel.schedule_costs", "needs 3 entries, the forward, backward-input and "
                                       "backward-weight times (got " +

@@ -1,14 +1,8 @@
 // Reads whole token files into int32 tokens: raw text bytes, llm.c shards (1 KiB header,
 // then uint16 tokens) and nanoGPT dumps (raw uint16). The bytes are read straight into
 // the result and widened in place, so a file is never held twice in memory.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "core/error.hpp"
+#include "core/input_file.hpp"
 #include "data/dataset.hpp"
 
 namespace pptrain {
@@ -22,47 +16,6 @@ constexpr std::size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
   throw InputError(path + ": " + problem);
 }
 
-// A read-only regular file, closed on scope exit.
-class File {
- public:
-  explicit File(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail_errno("cannot stat");
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-    size_ = std::size_t(st.st_size);
-  }
-  ~File() { ::close(fd_); }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  std::size_t size() const { return size_; }
-
-  // Reads exactly `n` bytes at byte `offset` into `dst`.
-  void read_at(void* dst, std::size_t n, std::size_t offset) const {
-    auto* p = static_cast<unsigned char*>(dst);
-    while (n > 0) {
-      ssize_t got = ::pread(fd_, p, n, off_t(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) fail_errno("read failed");
-      if (got == 0) fail(path_, "file shrank while being read");
-      p += got;
-      n -= std::size_t(got);
-      offset += std::size_t(got);
-    }
-  }
-
- private:
-  [[noreturn]] void fail_errno(const char* what) const {
-    fail(path_, std::string(what) + ": " + std::strerror(errno));
-  }
-
-  std::string path_;
-  int fd_ = -1;
-  std::size_t size_ = 0;
-};
-
 int32_t le32(const unsigned char* b) {
   return int32_t(uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 |
                  uint32_t(b[3]) << 24);
@@ -70,7 +23,7 @@ int32_t le32(const unsigned char* b) {
 
 // Reads `count` little-endian tokens of `width` bytes (1 or 2) starting at byte `offset`
 // and checks each is < vocab_size.
-std::vector<int32_t> read_tokens(const File& file, const std::string& path, std::size_t offset,
+std::vector<int32_t> read_tokens(const InputFile& file, const std::string& path, std::size_t offset,
                                  std::size_t count, int width, int vocab_size) {
   std::vector<int32_t> tokens(count);
   auto* bytes = reinterpret_cast<unsigned char*>(tokens.data());
@@ -92,7 +45,7 @@ std::vector<int32_t> read_tokens(const File& file, const std::string& path, std:
   return tokens;
 }
 
-std::vector<int32_t> read_llmc(const File& file, const std::string& path, int vocab_size) {
+std::vector<int32_t> read_llmc(const InputFile& file, const std::string& path, int vocab_size) {
   const std::size_t size = file.size();
   if (size < kLlmcHeaderBytes) {
     fail(path, "too short for an llm.c token shard: " + std::to_string(size) +
@@ -137,7 +90,7 @@ std::vector<int32_t> read_token_file(const std::string& source, const std::strin
     fail(path, "data.source text makes one token per byte and needs model.vocab_size >= 256, "
                "got " + std::to_string(vocab_size));
   }
-  File file(path);
+  InputFile file(path);
   if (file.size() == 0) fail(path, "the file is empty");
   if (source == "text") return read_tokens(file, path, 0, file.size(), 1, vocab_size);
   if (source == "nanogpt") {

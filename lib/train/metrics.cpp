@@ -5,7 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <stdexcept>
+
+#include <spdlog/spdlog.h>
 
 #include "core/error.hpp"
 
@@ -20,9 +21,20 @@ void make_parent_dirs(const std::string& path, const char* key) {
   if (ec) throw InputError(std::string(key) + ": " + path + ": cannot create " + parent.string() +
                            ": " + ec.message());
 }
+// Writes `text` to `path`; on failure logs an error naming the file and returns false.
+bool write_text(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  errno = 0;
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) ok = std::fclose(f) == 0 && ok;
+  if (!ok)
+    spdlog::error("logging.trace: {}: cannot write ({}); the trace is lost", path,
+                  errno ? std::strerror(errno) : "write error");
+  return ok;
+}
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   make_parent_dirs(path, "logging.metrics");
   file_ = std::fopen(path.c_str(), "a");
@@ -35,9 +47,19 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const nlohmann::json& record) {
   if (!file_) return;
-  std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  const std::string line = record.dump() + "\n";
+  errno = 0;
+  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
+                  std::fflush(file_) == 0;
+  if (ok) {
+    ++written_;
+    return;
+  }
+  if (lost_++ == 0)
+    spdlog::error("logging.metrics: {}: cannot write ({}); metrics are being lost, training "
+                  "goes on",
+                  path_, errno ? std::strerror(errno) : "write error");
+  std::clearerr(file_);
 }
 
 TraceRecorder::TraceRecorder(std::string path, std::vector<int> steps, int rank)
@@ -61,16 +83,13 @@ void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point
                      {"args", {{"step", step}}}});
 }
 
-void TraceRecorder::write() const {
-  if (path_.empty()) return;
+bool TraceRecorder::write() const {
+  if (path_.empty()) return true;
   make_parent_dirs(path_, "logging.trace");
   nlohmann::json events = events_;
   events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
                     {"args", {{"name", "rank " + std::to_string(rank_)}}}});
-  const std::string part = path_ + ".rank" + std::to_string(rank_);
-  std::ofstream out(part);
-  out << events.dump() << "\n";
-  if (!out) throw std::runtime_error(part + ": cannot write trace file");
+  return write_text(path_ + ".rank" + std::to_string(rank_), events.dump() + "\n");
 }
 
 void merge_traces(const std::string& path, int world) {
@@ -78,15 +97,21 @@ void merge_traces(const std::string& path, int world) {
   for (int r = 0; r < world; ++r) {
     const std::string part = path + ".rank" + std::to_string(r);
     std::ifstream in(part);
-    if (!in) throw std::runtime_error(part + ": trace part missing");
-    for (auto& e : nlohmann::json::parse(in)) events.push_back(std::move(e));
+    if (!in) {
+      spdlog::error("logging.trace: {}: part missing; no trace written", part);
+      return;
+    }
+    try {
+      for (auto& e : nlohmann::json::parse(in)) events.push_back(std::move(e));
+    } catch (const nlohmann::json::exception&) {
+      spdlog::error("logging.trace: {}: part unreadable; no trace written", part);
+      return;
+    }
     in.close();
     std::filesystem::remove(part);
   }
   nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-  std::ofstream out(path);
-  out << doc.dump() << "\n";
-  if (!out) throw std::runtime_error(path + ": cannot write trace file");
+  write_text(path, doc.dump() + "\n");
 }
 
 }  // namespace pptrain

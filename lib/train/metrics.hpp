@@ -2,6 +2,7 @@
 // step) and a Chrome-trace/Perfetto timeline of the traced steps.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,10 +18,17 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  void write(const nlohmann::json& record);  // one line, flushed
+  // One line, flushed. A failed write (a full disk) does not stop the run: the first
+  // one logs an error naming the file and the reason, and lost() counts them.
+  void write(const nlohmann::json& record);
+  int64_t lost() const { return lost_; }
+  int64_t written() const { return written_; }
+  const std::string& path() const { return path_; }
 
  private:
+  std::string path_;
   std::FILE* file_ = nullptr;
+  int64_t written_ = 0, lost_ = 0;
 };
 
 // Collects one slice per action (forward, backward-input, backward-weight, messages,
@@ -32,7 +40,9 @@ class TraceRecorder {
   TraceRecorder(std::string path, std::vector<int> steps, int rank = 0);
   bool enabled_for(int64_t step) const;  // traced step?
   void add(const std::string& name, int64_t step, Clock::time_point begin, Clock::time_point end);
-  void write() const;  // this rank's part; no-op when disabled
+  // This rank's part; no-op when disabled. A failed write logs an error and returns
+  // false: the trace is lost, the run goes on.
+  bool write() const;
 
  private:
   std::string path_;
@@ -43,7 +53,8 @@ class TraceRecorder {
 };
 
 // Joins the parts written by ranks 0..world-1 into one trace file at `path` and
-// removes the parts.
+// removes the parts. Logs an error (the trace is lost, the run goes on) when a part is
+// missing or the file cannot be written.
 void merge_traces(const std::string& path, int world);
 
 }  // namespace pptrain

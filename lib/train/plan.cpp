@@ -50,7 +50,7 @@ std::string describe_plan(const Config& c) {
   line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
                                  double(layout.hf_param_count()) / 1e6));
   line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}", p.tp, p.pp, p.dp,
-                             p.tp * p.pp * p.dp, p.schedule));
+                             world_size(c), p.schedule));
   check_schedule(c);
   const ScheduleKind kind = parse_schedule(p.schedule);
   std::string split;

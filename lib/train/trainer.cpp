@@ -8,11 +8,12 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <filesystem>
+#include <optional>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
+#include "checkpoint/dir_lock.hpp"
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
@@ -24,7 +25,6 @@
 #include "train/grad_sync.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/session.hpp"
-#include "train/stop_signal.hpp"
 
 namespace pptrain {
 
@@ -84,12 +84,11 @@ double simulated_bubble(const std::vector<std::vector<Step>>& steps, const Confi
       .bubble;
 }
 
-// Creates checkpoint.dir up front, so an unusable one fails before any training.
-void make_checkpoint_dir(const std::string& dir) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw InputError("checkpoint.dir: " + dir + ": cannot create: " + ec.message());
+// True when some rank has been asked to stop (collective).
+bool stop_requested_anywhere(Session& s, const StopSignals& signals) {
+  double stop = signals.requested() ? 1 : 0;
+  s.comms.all->all_reduce(&stop, 1, comm::ReduceOp::Max);
+  return stop > 0;
 }
 
 // True when every parameter of every rank is finite.
@@ -103,7 +102,7 @@ bool parameters_finite(Session& s) {
 }  // namespace
 
 namespace {
-TrainResult train_rank(Session& s) {
+TrainResult train_rank(Session& s, const StopSignals& signals) {
   const Config& cfg = s.cfg;
   GptModel& model = s.model;
   const auto& par = cfg.parallel;
@@ -115,6 +114,12 @@ TrainResult train_rank(Session& s) {
 
   TrainResult result;
   const std::string& ckpt_dir = cfg.checkpoint.dir;
+  // Rank 0 holds the directory for the whole run; no rank reads it before that.
+  std::optional<CheckpointDirLock> ckpt_lock;
+  if (!ckpt_dir.empty()) {
+    if (s.rank == 0) ckpt_lock.emplace(ckpt_dir);
+    s.comms.world->barrier();
+  }
   const std::string resume = ckpt_dir.empty() && cfg.checkpoint.resume == "auto"
                                  ? std::string()
                                  : resolve_resume(ckpt_dir, cfg.checkpoint.resume);
@@ -134,7 +139,6 @@ TrainResult train_rank(Session& s) {
                            : ckpt_dir + ": already holds checkpoints of an earlier run; set "
                                         "checkpoint.resume: auto to continue it, or choose "
                                         "another checkpoint.dir");
-    make_checkpoint_dir(ckpt_dir);
     model.init_parameters(cfg.train.seed);
   }
   // MFU's denominator: only for GPUs (or a configured peak).
@@ -166,8 +170,12 @@ TrainResult train_rank(Session& s) {
   std::vector<int32_t> window(size_t(T) + 1);
   double train_seconds = 0;
   int nonfinite_in_a_row = 0;
-  const StopSignals signals;
   const int64_t first_step = result.steps_done;
+  if (stop_requested_anywhere(s, signals)) {
+    if (s.logs()) spdlog::warn("stop signal received before step {}: nothing to save", first_step + 1);
+    result.stopped_by_signal = true;
+    return result;
+  }
   if (first_step >= last_step && s.logs()) spdlog::info("nothing to train: already at step {}", first_step);
 
   for (int64_t step = first_step; step < last_step; ++step) {
@@ -285,6 +293,9 @@ TrainResult train_rank(Session& s) {
       break;
     }
   }
+  if (metrics.lost() > 0)
+    spdlog::error("logging.metrics: {} of {} records could not be written to {}", metrics.lost(),
+                  metrics.lost() + metrics.written(), metrics.path());
   trace.write();
   if (!cfg.logging.trace.empty()) {
     s.comms.world->barrier();
@@ -294,9 +305,14 @@ TrainResult train_rank(Session& s) {
 }
 }  // namespace
 
-TrainResult train(const Config& cfg) {
+TrainResult train(const Config& cfg, const StopSignals& signals) {
   Session s(cfg);
-  return run_all_or_none(s, train_rank);
+  return run_all_or_none(s, [&](Session& session) { return train_rank(session, signals); });
+}
+
+TrainResult train(const Config& cfg) {
+  const StopSignals signals;
+  return train(cfg, signals);
 }
 
 }  // namespace pptrain

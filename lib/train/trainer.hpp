@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "core/stop_signal.hpp"
 
 namespace pptrain {
 
@@ -18,7 +19,11 @@ struct TrainResult {
 };
 
 // Trains per `config`: resumes if checkpoint.resume says so, logs, evaluates and
-// checkpoints. Throws InputError for bad input, other exceptions for failures.
+// checkpoints. Throws InputError for bad input, other exceptions for failures. A stop
+// that `signals` reports ends the run after the step in progress, with a checkpoint,
+// or before the first step (nothing to save) if it came during start-up.
+TrainResult train(const Config& config, const StopSignals& signals);
+// The same with signal handlers installed for the run.
 TrainResult train(const Config& config);
 
 // Loads the checkpoint checkpoint.resume names and returns the mean loss over the

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/file_io.hpp"
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
@@ -111,6 +112,12 @@ class CheckpointTest : public ::testing::Test {
     ASSERT_LT(pos, bytes.size());
     bytes[pos] = static_cast<char>(bytes[pos] ^ 0x10);
     spit(path, bytes);
+  }
+  // Replaces a step dir's meta.json with `text`, sealed as a save would (meta.sum
+  // updated): an edit only meta.json's own checks can catch.
+  static void write_meta(const std::string& step, const std::string& text) {
+    spit(step + "/meta.json", text);
+    spit(step + "/" + ckpt::kMetaSealName, ckpt::meta_seal(text));
   }
   // Runs `f`, expecting an InputError whose message holds `path` and `reason`.
   template <typename F>

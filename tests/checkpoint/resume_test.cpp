@@ -96,18 +96,29 @@ TEST_F(CheckpointTest, CorruptFilesAreInputErrors) {
   fs::remove(meta);
   expect_input_error(load, meta, "cannot open");
   fresh();
-  spit(meta, "{\"format_version\": 1,");
+  write_meta(s, "{\"format_version\": 1,");
   expect_input_error(load, meta, "not valid JSON");
   fresh();
   auto j = nlohmann::json::parse(slurp(meta));
   j["format_version"] = 3;
-  spit(meta, j.dump());
+  write_meta(s, j.dump());
   expect_input_error(load, meta, "format_version 3 is not supported");
   fresh();
   j = nlohmann::json::parse(slurp(meta));
   j["files"].erase("optimizer.safetensors");
-  spit(meta, j.dump());
+  write_meta(s, j.dump());
   expect_input_error(load, meta, "no size and checksum recorded for optimizer.safetensors");
+  fresh();
+  // meta.json is sealed by meta.sum: an edit, or a lost seal, makes the checkpoint invalid.
+  j = nlohmann::json::parse(slurp(meta));
+  j["step"] = 2;
+  spit(meta, j.dump());
+  expect_input_error(load, meta, "does not match its checksum in meta.sum");
+  write_meta(s, j.dump());  // even sealed, the step must be the directory's
+  expect_input_error(load, meta, "step 2 disagrees with the directory name step_00000001");
+  fresh();
+  fs::remove(s + "/meta.sum");
+  expect_input_error(load, s + "/meta.sum", "cannot open");
   fresh();
   fs::remove(model);
   expect_input_error(load, model, "cannot open");

@@ -44,7 +44,7 @@ TEST_F(ShardedTest, MissingShardsAreInputErrors) {
   step = save_sharded(2, 2, 2, 1);
   auto j = read_meta(step);
   j["files"].erase("model-tp1-pp0.safetensors");
-  spit(step + "/meta.json", j.dump());
+  write_meta(step, j.dump());
   expect_input_error([&] { load_whole(layout_, step); }, step + "/meta.json",
                      "model-tp1-pp0.safetensors is not listed");
   // A layout claiming fewer shards than its files' slicing needs.
@@ -53,12 +53,12 @@ TEST_F(ShardedTest, MissingShardsAreInputErrors) {
   j["layout"]["tp"] = 1;
   j["files"].erase("model-tp1-pp0.safetensors");
   j["files"].erase("optimizer-tp1-pp0.safetensors");
-  spit(step + "/meta.json", j.dump());
+  write_meta(step, j.dump());
   expect_input_error([&] { load_whole(layout_, step); }, step, "shard 1 of 2 is missing");
   // Files that are no shard of the layout are refused, not followed.
   j = read_meta(save_sharded(1, 1, 4, 1));
   j["files"]["../../model-tp0-pp0.safetensors"] = j["files"]["model-tp0-pp0.safetensors"];
-  spit(step_path(4) + "/meta.json", j.dump());
+  write_meta(step_path(4), j.dump());
   expect_input_error([&] { load_whole(layout_, step_path(4)); }, step_path(4) + "/meta.json",
                      "which is no shard of its layout");
 }

@@ -1,6 +1,6 @@
 // Tests relaunch_under_mpirun. Started plainly, it makes a temp dir, relaunches itself
 // with 2 ranks and checks the result; each relaunched child writes
-// "<rank> <size> <launcher> <relaunched> <args>" to <dir>/rank<R> (the dir reaches the
+// "<rank> <size> <launcher> <relaunched> <parent pid> <stop file set> <args>" to <dir>/rank<R> (the dir reaches the
 // children through PPTRAIN_TEST_RELAUNCH_DIR). Usage: relaunch_probe CHILD_EXIT [ARGS...];
 // with CHILD_EXIT != 0 rank 1 exits with it and the relaunch must report a failure.
 #include <unistd.h>
@@ -33,7 +33,8 @@ int child(int exit_code, int argc, char** argv) {
   const LaunchInfo info = detect_launcher();
   std::ofstream(fs::path(dir) / ("rank" + std::to_string(info.rank)))
       << info.rank << " " << info.world_size << " " << info.launcher << " "
-      << info.relaunched << args_text(argc, argv) << "\n";
+      << info.relaunched << " " << info.relaunching_parent << " "
+      << (std::getenv(pptrain::kStopFileVariable) != nullptr) << args_text(argc, argv) << "\n";
   return info.rank == 1 ? exit_code : 0;
 }
 
@@ -54,7 +55,8 @@ int check(int argc, char** argv, int status, int child_exit, const fs::path& dir
     std::ifstream in(dir / ("rank" + std::to_string(r)));
     std::stringstream got;
     got << in.rdbuf();
-    const std::string want = std::to_string(r) + " 2 openmpi 1" + args_text(argc, argv) + "\n";
+    const std::string want = std::to_string(r) + " 2 openmpi 1 " + std::to_string(::getpid()) +
+                             " 1" + args_text(argc, argv) + "\n";
     if (got.str() != want)
       return fail("rank " + std::to_string(r) + " wrote '" + got.str() + "', expected '" +
                   want + "'");
@@ -74,7 +76,8 @@ int main(int argc, char** argv) {
       fs::temp_directory_path() / ("pptrain-relaunch-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   ::setenv(kDirVar, dir.c_str(), 1);
-  const int status = relaunch_under_mpirun(2, argc, argv);
+  const pptrain::StopSignals stop;
+  const int status = relaunch_under_mpirun(2, argc, argv, stop);
   const int rc = check(argc, argv, status, child_exit, dir);
   fs::remove_all(dir);
   return rc;

@@ -170,7 +170,7 @@ TEST_F(ConfigFile, MissingFileOrDirectory) {
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
     EXPECT_EQ(std::string(e.what()),
-              missing + ": cannot read config file: No such file or directory");
+              missing + ": cannot open config file: No such file or directory");
   }
   EXPECT_THROW(load_config(dir_.string()), InputError);  // a directory is unreadable
 }

@@ -13,6 +13,7 @@ Usage: bad_inputs.py PPTRAIN ERRORS_MD [--mpirun PATH] [--show] [--only ID ...]
   --show  print what pptrain says for each case instead of checking it (for the docs)
 """
 import argparse
+import fcntl
 import os
 import re
 import shutil
@@ -75,14 +76,40 @@ def truncate(path, keep_fraction):
         f.truncate(int(size * keep_fraction))
 
 
+HELD_LOCKS = []  # lock files held open (and locked) until the script ends
+
+
+def hold_lock(ckpt_dir):
+    """Locks ckpt_dir as a running pptrain would, recording a holder on another host."""
+    os.makedirs(ckpt_dir, exist_ok=True)
+    f = open(os.path.join(ckpt_dir, ".lock"), "w")
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write("otherhost 4242\n")
+    f.flush()
+    HELD_LOCKS.append(f)
+
+
 # Setup actions: ("file", NAME, BYTES_OR_TEXT), ("ckpt", DIR) copies the trained
-# checkpoint dir there, ("call", FN, RELATIVE_PATH) changes a file, ("mkdir", NAME).
+# checkpoint dir there, ("call", FN, RELATIVE_PATH) changes a file, ("mkdir", NAME),
+# ("env", NAME, VALUE) sets an environment variable for the run.
 def F(name, content):
     return ("file", name, content)
 
 
 def CK(name="ck"):
     return ("ckpt", name)
+
+
+def ENV(name, value):
+    return ("env", name, value)
+
+
+def edit_step(path):
+    """Changes meta.json's step 2 to 3, as a hand edit would."""
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace('"step": 2', '"step": 3'))
 
 
 STEP = f"ck/{CKPT_STEP}"
@@ -105,6 +132,10 @@ CASES = [
     ("A07", [], CHECK + ["--set", "logging.trace_steps=[1,"]),
     ("A08", [], ["eval", "--config", "base.yaml"]),
     ("A09", [], ["--config", "."]),
+    ("A10", [("call", os.mkfifo, "f.yaml")], ["--config", "f.yaml"]),
+    ("A11", [], ["--config", "/dev/zero"]),
+    ("A12", [F("big.yaml", "# padding\n" * 500000)], ["--config", "big.yaml"]),
+    ("A13", [], CHECK + ["--set", "a" * 100000 + "=1"]),
     # Config file: syntax, keys, types.
     ("C01", [F("bad.yaml", "model:\n  n_layer: 2\n  n_head: : 3\n")], ["--config", "bad.yaml"]),
     ("C02", [F("bad.yaml", "model:\n  n_layers: 4\n")], ["--config", "bad.yaml"]),
@@ -144,6 +175,13 @@ CASES = [
                          "parallel.schedule=zb-v"]),
     ("C26", [], TRAIN + ["--set", "parallel.schedule_costs=[1, 0, 1]"]),
     ("C27", [], TRAIN + ["--set", "parallel.message_mode=eager"]),
+    ("C28", [F("bad.yaml", "parallel:\n  schedule: " + "x" * 1000000 + "\n")],
+     ["--config", "bad.yaml"]),
+    ("C29", [], CHECK + ["--set", "model.vocab_size=2147483600"]),
+    ("C30", [], CHECK + ["--set", "parallel.dp=1000000"]),
+    ("C31", [], CHECK + ["--set", "parallel.pp=1024", "--set", "parallel.dp=1024"]),
+    ("C32", [], CHECK + ["--set", "parallel.micro_batches=1048576", "--set",
+                         "parallel.micro_batch_size=1048576"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],
@@ -172,13 +210,18 @@ CASES = [
     ("D13", [F("d.bin", u16([1, 2, 3, 300] + [4] * 50))],
      TRAIN + ["--set", "data.source=nanogpt", "--set", "data.path=d.bin", "--set",
               "parallel.pp=2"]),
+    ("D14", [("call", os.mkfifo, "d.bin")],
+     TRAIN + ["--set", "data.source=nanogpt", "--set", "data.path=d.bin"]),
+    ("D15", [F("d.bin", u16(range(100))), ("call", os.mkfifo, "v.bin")],
+     TRAIN + ["--set", "data.source=nanogpt", "--set", "data.path=d.bin", "--set",
+              "data.val_path=v.bin"]),
     # Checkpoints (ck/ holds one trained at step 2 by BASE; ck2/ is an empty new dir).
     ("K01", [CK(), ("call", lambda p: flip_byte(p, os.path.getsize(p) - 100),
                     f"{STEP}/model.safetensors")], TRAIN + RESUME),
     ("K02", [CK(), ("call", lambda p: truncate(p, 0.5), f"{STEP}/model.safetensors")],
      TRAIN + RESUME),
     ("K03", [CK(), ("call", os.remove, f"{STEP}/meta.json")], TRAIN + RESUME),
-    ("K04", [CK(), F(f"{STEP}/meta.json", '{"step": 2,')], TRAIN + RESUME),
+    ("K04", [CK(), ("call", lambda p: truncate(p, 0.5), f"{STEP}/meta.json")], TRAIN + RESUME),
     ("K05", [CK(), ("call", os.remove, f"{STEP}/optimizer.safetensors")], TRAIN + RESUME),
     ("K06", [CK()], TRAIN + RESUME + ["--set", "model.d_model=64"]),
     ("K07", [CK()], TRAIN + RESUME + ["--set", "model.n_layer=3"]),
@@ -200,6 +243,13 @@ CASES = [
                  "checkpoint.dir=ck"]),
     ("K18", [CK()], TRAIN + RESUME + ["--set", "model.seq_len=32"]),
     ("K19", [CK()], TRAIN + RESUME + ["--set", "model.n_head=4"]),
+    ("K20", [CK(), ("call", edit_step, f"{STEP}/meta.json")], TRAIN + RESUME),
+    ("K21", [CK(), ("call", os.remove, f"{STEP}/meta.sum")], TRAIN + RESUME),
+    ("K22", [CK(), ("call", os.remove, "ck/latest"), ("mkdir", "ck/latest")],
+     TRAIN + ["--set", "checkpoint.resume=auto", "--set", "checkpoint.dir=ck"]),
+    ("K23", [CK(), ("call", os.remove, "ck/latest"), ("call", os.mkfifo, "ck/latest")],
+     TRAIN + ["--set", "checkpoint.resume=ck", "--set", "checkpoint.dir=ck2"]),
+    ("K24", [("call", hold_lock, "ck2")], TRAIN + ["--set", "checkpoint.dir=ck2"]),
     # Output paths.
     ("P01", [F("afile", "x")], TRAIN + ["--set", "logging.metrics=afile/m.jsonl"]),
     ("P02", [F("afile", "x")], TRAIN + ["--set", "logging.trace=afile/t.json", "--set",
@@ -210,10 +260,15 @@ CASES = [
     ("V02", [], ["{mpi}"] + TRAIN),
     ("V03", [], ["{mpi}"] + TRAIN + ["--set", "parallel.pp=2", "--set", "parallel.dp=2"]),
     ("V04", [], TRAIN + ["--set", "device=auto", "--set", "train.precision=bf16"]),
+    ("V05", [ENV("OMPI_COMM_WORLD_RANK", "x"), ENV("OMPI_COMM_WORLD_SIZE", "1")], CHECK),
+    ("V06", [ENV("SLURM_PROCID", "0"), ENV("SLURM_STEP_ID", "0"), ENV("SLURM_NTASKS", "abc")],
+     CHECK),
 ]
 
 
 def setup(case_dir, actions, ckpt_src):
+    """Makes the case's files; returns the environment variables it sets."""
+    env = {}
     for a in actions:
         if a[0] == "file":
             path = os.path.join(case_dir, a[1])
@@ -224,18 +279,21 @@ def setup(case_dir, actions, ckpt_src):
             shutil.copytree(ckpt_src, os.path.join(case_dir, a[1]))
         elif a[0] == "mkdir":
             os.makedirs(os.path.join(case_dir, a[1]))
+        elif a[0] == "env":
+            env[a[1]] = a[2]
         else:
             a[1](os.path.join(case_dir, a[2]))
+    return env
 
 
-def run(pptrain, case_dir, argv, mpirun="mpirun"):
+def run(pptrain, case_dir, argv, mpirun="mpirun", env=None):
     cmd = [pptrain] + argv
     if argv[:1] == ["{mpi}"]:
         cmd = [mpirun if a == "{mpirun}" else a for a in MPI] + [pptrain] + argv[1:]
     start = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=case_dir, capture_output=True, text=True, errors="replace",
-                           timeout=TIME_LIMIT_S)
+                           timeout=TIME_LIMIT_S, env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired as e:
         return None, str(e.stdout or ""), str(e.stderr or ""), time.monotonic() - start
     return p.returncode, p.stdout, p.stderr, time.monotonic() - start
@@ -297,8 +355,8 @@ def main():
             os.makedirs(case_dir)
             with open(os.path.join(case_dir, "base.yaml"), "w") as f:
                 f.write(BASE)
-            setup(case_dir, actions, ckpt)
-            rc, out, err, secs = run(pptrain, case_dir, argv, args.mpirun)
+            env = setup(case_dir, actions, ckpt)
+            rc, out, err, secs = run(pptrain, case_dir, argv, args.mpirun, env)
             lines = [l for l in err.splitlines() if l.strip() and l != CLI_HINT]
             if case_id in MULTI_RANK:
                 lines = [l for l in lines if l.startswith("pptrain:")]

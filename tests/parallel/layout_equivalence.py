@@ -90,7 +90,7 @@ def check_format(step_dir, tp, pp, dp):
         want = {f"{k}-tp{t}-pp{p}.safetensors" for k in ("model", "optimizer")
                 for t in range(tp) for p in range(pp)}
         ok = meta["format_version"] == 2 and meta["layout"] == {"tp": tp, "pp": pp, "dp": dp}
-    files = set(os.listdir(step_dir)) - {"meta.json", "config.json"}
+    files = set(os.listdir(step_dir)) - {"meta.json", "meta.sum", "config.json"}
     ok = ok and set(meta["files"]) == want and files == want
     print(f"checkpoint of ({tp},{pp},{dp}): format {meta['format_version']}, "
           f"{len(files)} tensor files -> {'ok' if ok else 'FAIL'}")
