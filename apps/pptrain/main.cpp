@@ -2,7 +2,8 @@
 // the ranks the layout needs (through mpirun when no launcher started us) and runs the
 // chosen command. Exit codes: 0 success, 1 failure during the run, 2 bad input
 // (arguments, config, data file or checkpoint), 3 a communication timeout, 4 stopped by
-// SIGTERM/SIGUSR1 after saving a checkpoint (preemption: resume with checkpoint.resume: auto).
+// SIGTERM/SIGUSR1 after saving a checkpoint, or before the first step with nothing to save
+// (preemption: resume with checkpoint.resume: auto).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 

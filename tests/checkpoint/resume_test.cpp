@@ -2,6 +2,7 @@
 // corrupt or mismatched, each an InputError naming the file and the reason.
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/dir_lock.hpp"
 #include "fixture.hpp"
 
 namespace pptrain::ckpt_test {
@@ -154,4 +155,20 @@ TEST_F(CheckpointTest, MismatchedModelsAreInputErrorsAndLeaveArenasAlone) {
 }
 
 }  // namespace
+// One run per directory: a second lock is refused naming the holder, and the lock goes
+// with its holder. flock locks belong to an open file, so one process can play both runs.
+TEST_F(CheckpointTest, DirLockIsExclusiveAndNamesTheHolder) {
+  {
+    const CheckpointDirLock first(dir_);
+    EXPECT_TRUE(fs::is_directory(dir_));
+    expect_input_error([&] { CheckpointDirLock second(dir_); }, dir_,
+                       "in use by another run (host ");
+    expect_input_error([&] { CheckpointDirLock second(dir_); }, dir_,
+                       ", pid " + std::to_string(::getpid()) + ")");
+  }
+  EXPECT_NO_THROW(CheckpointDirLock again(dir_));
+  fs::create_directories(fs::path(dir_) / "latest");
+  expect_input_error([&] { CheckpointDirLock odd(dir_); }, dir_, "latest is a directory");
+}
+
 }  // namespace pptrain::ckpt_test

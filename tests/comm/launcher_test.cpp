@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <csignal>
+#include <cstdio>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -139,6 +141,27 @@ TEST(Relaunch, MissingMpirunThrows) {
       EXPECT_NE(std::string(e.what()).find("no-such-mpirun-program"), std::string::npos);
     }
   }
+}
+
+// A relaunched rank is asked to stop through its stop file, not a signal.
+TEST(StopSignalsTest, TheStopFileRequestsAStop) {
+  const std::string file = ::testing::TempDir() + "pptrain_stop_file_test";
+  std::remove(file.c_str());
+  ScopedEnv env({{kStopFileVariable, file.c_str()}});
+  const StopSignals stop;
+  EXPECT_FALSE(stop.requested());
+  std::fclose(std::fopen(file.c_str(), "w"));
+  EXPECT_TRUE(stop.requested());
+  EXPECT_EQ(stop.signal_number(), 0);
+  std::remove(file.c_str());
+}
+
+TEST(StopSignalsTest, ASignalRequestsAStop) {
+  const StopSignals stop;
+  EXPECT_FALSE(stop.requested());
+  std::raise(SIGUSR1);  // caught: the process goes on
+  EXPECT_TRUE(stop.requested());
+  EXPECT_EQ(stop.signal_number(), SIGUSR1);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Tests for --set overrides, the to_yaml round trip, reading files, and that
 // docs/config.md lists every key with its true default.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -161,6 +162,41 @@ TEST_F(ConfigFile, ErrorsNameTheFile) {
     EXPECT_EQ(std::string(e.what()),
               path + ":3: unknown key 'model.n_layers' (did you mean 'model.n_layer'?)");
   }
+}
+
+// The encodings YAML 1.2 requires (section 5.2), detected from a byte-order mark: UTF-8,
+// UTF-16 and UTF-32, either byte order. They read as the same config.
+TEST_F(ConfigFile, UnicodeEncodingsWithAByteOrderMarkReadAlike) {
+  const std::string text = "model:\n  n_layer: 3\ntrain:\n  lr: 2.0e-4\n";
+  auto utf16 = [&](bool big) {
+    std::string out = big ? "\xfe\xff" : "\xff\xfe";
+    for (char ch : text) out += big ? std::string{'\0', ch} : std::string{ch, '\0'};
+    return out;
+  };
+  std::string utf32 = "\xff\xfe";
+  utf32 += std::string(2, '\0');
+  for (char ch : text) utf32 += std::string{ch, '\0', '\0', '\0'};
+  for (const std::string& bytes : {"\xef\xbb\xbf" + text, utf16(false), utf16(true), utf32}) {
+    const std::string path = (dir_ / "enc.yaml").string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    const Config c = load_config(path);
+    EXPECT_EQ(c.model.n_layer, 3);
+    EXPECT_EQ(c.train.lr, 2.0e-4);
+  }
+}
+
+TEST_F(ConfigFile, SpecialFilesAndHugeFilesAreRefused) {
+  const std::string fifo = (dir_ / "f.yaml").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    load_config(fifo);  // would block forever if it waited for a writer
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), fifo + ": not a regular file (a FIFO)");
+  }
+  const std::string big = (dir_ / "big.yaml").string();
+  std::ofstream(big) << std::string(5u << 20, '#');
+  EXPECT_THROW(load_config(big), InputError);
 }
 
 TEST_F(ConfigFile, MissingFileOrDirectory) {
