@@ -113,7 +113,8 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
     if (world_size(config) > 1 && !launch.under_launcher) {
       if (signals && signals->requested()) return stopped_before_start();
       spdlog::info("starting {} ranks with mpirun", world_size(config));
-      return pptrain::comm::relaunch_under_mpirun(world_size(config), argc, argv, *signals);
+      return pptrain::comm::relaunch_under_mpirun(world_size(config), argc, argv,
+                                                  signals ? &*signals : nullptr);
     }
     if (eval_cmd->parsed()) {
       const double loss = pptrain::evaluate_checkpoint(config);

@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/input_file.hpp"
 
 extern char** environ;
 
@@ -183,7 +182,7 @@ void create_file(const std::string& path) {
 
 }  // namespace
 
-int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSignals& stop) {
+int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSignals* stop) {
   PPTRAIN_CHECK(world_size >= 1 && argc >= 1, "relaunch_under_mpirun: bad arguments");
   const std::string wanted = env("PPTRAIN_MPIRUN").value_or("mpirun");
   const std::string mpirun = find_program(wanted);
@@ -234,7 +233,7 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSigna
     if (done == pid) break;
     if (done < 0 && errno != EINTR)
       throw std::runtime_error("waiting for " + mpirun + " failed: " + std::strerror(errno));
-    if (!stop_sent && stop.requested()) {
+    if (!stop_sent && stop && stop->requested()) {
       create_file(stop_file);
       stop_sent = true;
     }

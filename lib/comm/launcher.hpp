@@ -26,11 +26,12 @@ LaunchInfo detect_launcher();
 // --oversubscribe --bind-to none` (plus --allow-run-as-root when running as root),
 // with PPTRAIN_LAUNCHED=1 exported so the children never relaunch, PPTRAIN_PARENT_PID
 // (this process) and PPTRAIN_STOP_FILE, a file in a private temporary directory that
-// this process creates once `stop` is requested: the ranks then checkpoint and stop.
+// this process creates once `stop` (when given) is requested: the ranks then checkpoint
+// and stop.
 // Uses $PPTRAIN_MPIRUN (a path, or a name looked up on PATH) or else mpirun from PATH.
 // Waits and returns mpirun's exit status (128 + signal if it was killed). Throws
 // std::runtime_error if mpirun cannot be found or started.
-int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSignals& stop);
+int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSignals* stop);
 
 // For a process started by a launcher: a background thread that ends this process
 // (exit code 1, one line on stderr) within a fraction of a second once its launcher is

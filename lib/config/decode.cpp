@@ -9,7 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/config_detail.hpp"
-#include "core/input_file.hpp"
+#include "core/error.hpp"
 
 namespace pptrain::config_detail {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "config/config_detail.hpp"
-#include "core/input_file.hpp"
+#include "core/error.hpp"
 
 namespace pptrain::config_detail {
 namespace {

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace pptrain {
 
@@ -11,6 +12,10 @@ class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// `text` when it is at most `max` bytes, else its first `max` bytes followed by
+// "...(N bytes)": for quoting user input in an error message without repeating all of it.
+std::string abbreviated(std::string_view text, std::size_t max = 64);
 
 // Exit codes of the pptrain binary.
 inline constexpr int kExitOk = 0;

@@ -25,9 +25,12 @@ const char* kind_of(mode_t mode) {
 InputFile::InputFile(const std::string& path, std::string_view noun) : path_(path) {
   // O_NONBLOCK: opening a FIFO returns at once; reads of a regular file ignore it.
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd_ < 0)
-    fail("cannot open" + (noun.empty() ? std::string() : " " + std::string(noun)) + ": " +
-         std::strerror(errno));
+  if (fd_ < 0) {
+    const int err = errno;
+    std::string reason = "cannot open";
+    if (!noun.empty()) reason.append(" ").append(noun);
+    fail(reason.append(": ").append(std::strerror(err)));
+  }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int err = errno;
@@ -65,11 +68,6 @@ std::string InputFile::read_all(std::size_t max_bytes) const {
   std::string text(size_, '\0');
   read_at(text.data(), text.size(), 0);
   return text;
-}
-
-std::string abbreviated(std::string_view text, std::size_t max) {
-  if (text.size() <= max) return std::string(text);
-  return std::string(text.substr(0, max)) + "...(" + std::to_string(text.size()) + " bytes)";
 }
 
 }  // namespace pptrain

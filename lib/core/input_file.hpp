@@ -34,8 +34,4 @@ class InputFile {
   std::size_t size_ = 0;
 };
 
-// `text` when it is at most `max` bytes, else its first `max` bytes followed by
-// "...(N bytes)": for echoing user input in an error message without repeating all of it.
-std::string abbreviated(std::string_view text, std::size_t max = 64);
-
 }  // namespace pptrain

@@ -130,12 +130,12 @@ TEST(Relaunch, MissingMpirunThrows) {
   const StopSignals stop;
   {
     ScopedEnv env({{"PPTRAIN_MPIRUN", "/nonexistent/dir/mpirun"}});
-    EXPECT_THROW(relaunch_under_mpirun(2, 1, argv, stop), std::runtime_error);
+    EXPECT_THROW(relaunch_under_mpirun(2, 1, argv, &stop), std::runtime_error);
   }
   {
     ScopedEnv env({{"PPTRAIN_MPIRUN", "no-such-mpirun-program"}});
     try {
-      relaunch_under_mpirun(2, 1, argv, stop);
+      relaunch_under_mpirun(2, 1, argv, &stop);
       ADD_FAILURE() << "no error";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("no-such-mpirun-program"), std::string::npos);

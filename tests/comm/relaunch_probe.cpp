@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   fs::create_directories(dir);
   ::setenv(kDirVar, dir.c_str(), 1);
   const pptrain::StopSignals stop;
-  const int status = relaunch_under_mpirun(2, argc, argv, stop);
+  const int status = relaunch_under_mpirun(2, argc, argv, &stop);
   const int rc = check(argc, argv, status, child_exit, dir);
   fs::remove_all(dir);
   return rc;
