@@ -114,11 +114,12 @@ void GptModel::refresh_weights() {
   if (weights_.get()) ops_.to_compute(weights_.act(), params_.f32(), layout_.total_floats());
 }
 
-int64_t gpt_activation_floats(const ModelConfig& m, int batch) {
-  const int64_t N = int64_t(batch) * m.seq_len, C = m.d_model, L = m.n_layer;
-  const int64_t per_layer = 3 * N + 3 * N + N * 3 * C + int64_t(batch) * m.n_head * m.seq_len *
-                                m.seq_len + 4 * N * C + 8 * N * C    // forward values
-                            + 3 * N * C + 4 * N * C + 3 * N * C;      // saved gradients
+double gpt_activation_floats(const ModelConfig& m, int batch) {
+  // In floating point: at the largest allowed sizes the count exceeds 64 bits.
+  const double N = double(batch) * m.seq_len, C = m.d_model, L = m.n_layer;
+  const double per_layer = 3 * N + 3 * N + N * 3 * C + double(batch) * m.n_head * m.seq_len *
+                               m.seq_len + 4 * N * C + 8 * N * C    // forward values
+                           + 3 * N * C + 4 * N * C + 3 * N * C;     // saved gradients
   return L * per_layer + 2 * (L + 1) * N * C + 2 * N * C + 5 * N + N * padded_vocab(m) + N;
 }
 

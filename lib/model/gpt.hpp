@@ -21,7 +21,7 @@ namespace pptrain {
 
 // Floats of activation storage (forward values and saved gradients) for one micro-batch
 // of `batch` sequences through the whole (unsplit) model.
-int64_t gpt_activation_floats(const ModelConfig& model, int batch);
+double gpt_activation_floats(const ModelConfig& model, int batch);
 
 // Training FLOPs per token (forward + backward): 6 per multiply-accumulate weight
 // use, i.e. 72*L*C^2 + 6*C*Vp for the matmuls, plus 12*L*T*C for attention.

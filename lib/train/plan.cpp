@@ -28,7 +28,7 @@ std::string describe_plan(const Config& c) {
   // The forward's weight copy, when it is not the fp32 master itself.
   const double copy = act_type == DType::F32 ? 0.0 : double(layout.total_floats()) * 2;
   double acts =
-      double(gpt_activation_floats(m, c.parallel.micro_batch_size)) * double(dtype_size(act_type));
+      gpt_activation_floats(m, c.parallel.micro_batch_size) * double(dtype_size(act_type));
   if (act_type == DType::BF16 && c.train.attention == "fused") {
     // The fused attention keeps one fp32 logsumexp per row instead of the T*T probabilities.
     const double rows = double(m.n_layer) * c.parallel.micro_batch_size * m.n_head * m.seq_len;

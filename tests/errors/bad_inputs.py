@@ -250,6 +250,8 @@ CASES = [
     ("K23", [CK(), ("call", os.remove, "ck/latest"), ("call", os.mkfifo, "ck/latest")],
      TRAIN + ["--set", "checkpoint.resume=ck", "--set", "checkpoint.dir=ck2"]),
     ("K24", [("call", hold_lock, "ck2")], TRAIN + ["--set", "checkpoint.dir=ck2"]),
+    ("K25", [CK(), ("call", lambda p: shutil.copytree(p, p[:-1] + "3"), STEP)],
+     TRAIN + ["--set", "checkpoint.resume=ck/step_00000003", "--set", "checkpoint.dir=ck2"]),
     # Output paths.
     ("P01", [F("afile", "x")], TRAIN + ["--set", "logging.metrics=afile/m.jsonl"]),
     ("P02", [F("afile", "x")], TRAIN + ["--set", "logging.trace=afile/t.json", "--set",
