@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev libcli11-dev
-          libspdlog-dev libopenblas-dev nlohmann-json3-dev libgtest-dev
+          libspdlog-dev libopenblas-openmp-dev nlohmann-json3-dev libgtest-dev
           openmpi-bin libopenmpi-dev)
 scripts/install_packages.sh "${packages[@]}"
 

@@ -1,6 +1,7 @@
 // GPT-2 parameter initialisation, layout-independent: each element's value is a
 // function of (seed, tensor name, element index in the global GPT-2 tensor), so every
 // tensor-parallel shard and pipeline stage draws exactly its slice of the same model.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -17,24 +18,32 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 void GptModel::init_parameters(uint64_t seed) {
-  std::vector<float> host(layout_.total_floats(), 0.0f);  // built here, then uploaded
+  // Host-memory backends are filled in place; a device backend gets a host staging copy.
+  const size_t total = layout_.total_floats();
+  const bool in_place = !ops_.device_memory();
+  std::vector<float> staging(in_place ? 0 : total);
+  float* host = in_place ? params_.f32() : staging.data();
   const double residual_std = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
   for (const ParamEntry& e : layout_.entries()) {
-    float* p = host.data() + e.offset;
-    if (ends_with(e.name, ".bias")) continue;  // biases 0
-    if (e.name.find("ln_") != std::string::npos) {  // LayerNorm weight 1
-      for (size_t i = 0; i < e.numel; ++i) p[i] = 1.0f;
+    float* p = host + e.offset;
+    const bool layernorm_weight = e.name.find("ln_") != std::string::npos && !ends_with(e.name, ".bias");
+    if (ends_with(e.name, ".bias") || layernorm_weight) {  // biases 0, LayerNorm weights 1
+      std::fill(p, p + e.numel, layernorm_weight ? 1.0f : 0.0f);
       continue;
     }
     const bool residual_proj = ends_with(e.name, "c_proj.weight");
     const double stddev = residual_proj ? residual_std : 0.02;
     const uint64_t stream = hash_words(seed, hash_string(e.name));
-    // Padded vocab rows stay 0.
+    // Padded vocab rows stay 0. Filled by OpenMP threads (each value is a pure function
+    // of its index).
     fill_from_global(
         e, [&](int64_t i) { return float(stddev * standard_normal(hash_words(stream, uint64_t(i)))); },
         p);
   }
-  write_params(host.data());
+  if (in_place)
+    refresh_weights();
+  else
+    write_params(host);
 }
 
 }  // namespace pptrain

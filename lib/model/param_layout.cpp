@@ -117,11 +117,14 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
 
 namespace {
 // Walks the local elements of `e` and the matching global element index (or -1 for
-// padding), calling f(local_index, global_index).
+// padding), calling f(local_index, global_index) from OpenMP threads: f must write
+// only element local_index.
 template <typename F>
 void for_each_slice_element(const ParamEntry& e, F f) {
   if (e.split_dim < 0) {
-    for (std::size_t i = 0; i < e.numel; ++i) f(i, int64_t(i));
+    const int64_t n = int64_t(e.numel);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) f(std::size_t(i), i);
     return;
   }
   const int d = e.split_dim;
@@ -132,18 +135,21 @@ void for_each_slice_element(const ParamEntry& e, F f) {
   const int64_t local_extent = e.shape[d], global_extent = e.hf_shape[d];
   const int64_t group_local = local_extent / e.split_groups;
   const int64_t group_global = group_local * e.num_shards;  // padded group size
-  for (std::size_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < local_extent; ++j) {
-      const int64_t g = j / group_local, within = j % group_local;
-      const int64_t global_j = g * group_global + int64_t(e.shard) * group_local + within;
-      for (std::size_t in = 0; in < inner; ++in) {
-        const std::size_t li = (o * std::size_t(local_extent) + std::size_t(j)) * inner + in;
-        const int64_t gi = global_j < global_extent
-                               ? int64_t((o * std::size_t(global_extent) + std::size_t(global_j)) * inner + in)
-                               : -1;
-        f(li, gi);
-      }
+  const int64_t rows = int64_t(outer) * local_extent;
+#pragma omp parallel for schedule(static) if (int64_t(e.numel) > (1 << 16))
+  for (int64_t row = 0; row < rows; ++row) {
+    const std::size_t o = std::size_t(row / local_extent);
+    const int64_t j = row % local_extent;
+    const int64_t g = j / group_local, within = j % group_local;
+    const int64_t global_j = g * group_global + int64_t(e.shard) * group_local + within;
+    for (std::size_t in = 0; in < inner; ++in) {
+      const std::size_t li = (o * std::size_t(local_extent) + std::size_t(j)) * inner + in;
+      const int64_t gi = global_j < global_extent
+                             ? int64_t((o * std::size_t(global_extent) + std::size_t(global_j)) * inner + in)
+                             : -1;
+      f(li, gi);
     }
+  }
 }
 }  // namespace
 

@@ -1,4 +1,4 @@
-// The CPU backend's row kernels (exp, max, sum, dot) against libm and plain loops,
+// The CPU backend's row kernels (exp, tanh, max, sum, dot) against libm and plain loops,
 // and NaN propagation through the ops that use them.
 #include "ops/cpu/cpu_math.hpp"
 
@@ -26,6 +26,21 @@ TEST(CpuMath, ExpMatchesLibmOnNonPositiveArguments) {
   EXPECT_EQ(cpu::exp_nonpositive(-100.0f), 0.0f);
   EXPECT_EQ(cpu::exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_TRUE(std::isnan(cpu::exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// GELU adds tanh to 1, so what matters is the absolute error; tanh is odd and exact
+// at 0 and in the saturated tails.
+TEST(CpuMath, TanhMatchesLibmToAnAbsoluteFewE7) {
+  double worst = 0.0;
+  for (int i = -200000; i <= 200000; ++i) {
+    const float x = 12.0f * static_cast<float>(i) / 200000.0f;
+    worst = std::max(worst, std::fabs(cpu::tanh_float(x) - std::tanh(static_cast<double>(x))));
+    EXPECT_EQ(cpu::tanh_float(-x), -cpu::tanh_float(x));
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(cpu::tanh_float(0.0f), 0.0f);
+  EXPECT_EQ(cpu::tanh_float(50.0f), 1.0f);
+  EXPECT_TRUE(std::isnan(cpu::tanh_float(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(CpuMath, RowReductionsMatchPlainLoops) {

@@ -2,8 +2,11 @@
 // Each (batch, head) runs as a few OpenBLAS GEMMs that read q, k and v in place from
 // qkv[B,T,3C] (leading dimension 3C) and write out[B,T,C] (leading dimension C).
 // Rows go in blocks of kAttentionRowBlock; a block only meets key columns up to its
-// last row, so most of the masked upper triangle is never computed.
+// last row, so most of the masked upper triangle is never computed. The (batch, head)
+// pairs are split over the OpenMP threads (the GEMMs inside then run on one thread);
+// each pair writes only its own outputs, so nothing depends on the thread count.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,8 +50,10 @@ void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, 
   const int hs = C / NH;
   const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    {
       const float* q =
           qkv + static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
       const float* k = q + C;
@@ -76,10 +81,14 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
   const int hs = C / NH;
   const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // dpre[T,T]: gradient w.r.t. the scaled scores q k^T (before the softmax).
-  float* dpre = float_scratch(static_cast<std::size_t>(T) * T);
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
+  // dpre[T,T], one per thread: gradient w.r.t. the scaled scores q k^T (before the softmax).
+  const std::size_t TT = static_cast<std::size_t>(T) * T;
+  float* dpre_all = float_scratch(TT * static_cast<std::size_t>(omp_get_max_threads()));
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    const int b = bh / NH, h = bh % NH;
+    float* dpre = dpre_all + TT * static_cast<std::size_t>(omp_get_thread_num());
+    {
       const std::size_t head =
           static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
       const float* q = qkv + head;

@@ -1,6 +1,7 @@
 // CPU backend: the ops::Ops entry points. Memory is host memory and Act arrays are
 // fp32, so each op forwards to its fp32-array implementation; plus the memory
 // functions, AdamW and the squared-norm sums.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
+#include "ops/cpu/cpu_math.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
 namespace pptrain::ops {
@@ -29,52 +31,90 @@ void* CpuOps::allocate(std::size_t bytes) {
   return p;
 }
 void CpuOps::deallocate(void* p) noexcept { std::free(p); }
-void CpuOps::upload(void* dst, const void* src, std::size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
+namespace {
+// Large fills and copies in one block per OpenMP thread: on a fresh allocation this
+// also spreads the kernel's page zeroing (first touch) over the cores.
+constexpr std::size_t kParallelBytes = std::size_t(1) << 22;
+
+template <typename F>
+void in_blocks(std::size_t bytes, F f) {
+  if (bytes < kParallelBytes) return f(std::size_t(0), bytes);
+  const std::ptrdiff_t blocks = static_cast<std::ptrdiff_t>((bytes + kParallelBytes - 1) / kParallelBytes);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t b = 0; b < blocks; ++b) {
+    const std::size_t begin = std::size_t(b) * kParallelBytes;
+    f(begin, std::min(kParallelBytes, bytes - begin));
+  }
 }
-void CpuOps::download(void* dst, const void* src, std::size_t bytes) {
-  if (bytes) std::memcpy(dst, src, bytes);
-}
+}  // namespace
+
+void CpuOps::upload(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+void CpuOps::download(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
 void CpuOps::copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes && dst != src) std::memmove(dst, src, bytes);
+  if (!bytes || dst == src) return;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const bool overlap = d < s + bytes && s < d + bytes;
+  if (overlap) return void(std::memmove(dst, src, bytes));
+  in_blocks(bytes, [&](std::size_t begin, std::size_t n) { std::memcpy(d + begin, s + begin, n); });
 }
 void CpuOps::fill_zero(void* dst, std::size_t bytes) {
-  if (bytes) std::memset(dst, 0, bytes);
+  auto* d = static_cast<char*>(dst);
+  in_blocks(bytes, [&](std::size_t begin, std::size_t n) { std::memset(d + begin, 0, n); });
 }
 void CpuOps::to_compute(Act* dst, const float* src, std::size_t n) { copy(dst, src, n * 4); }
 void CpuOps::to_float(float* dst, const Act* src, std::size_t n) { copy(dst, src, n * 4); }
 
 double CpuOps::sum_squares(const std::vector<Span>& spans) {
-  // Eight interleaved partial sums per span (a fixed pattern, so still deterministic)
-  // keep the fp64 adds from forming one long dependency chain.
-  constexpr std::size_t kLanes = 8;
+  // Each span in chunks of kChunk elements, each chunk with eight interleaved partial
+  // sums (so the fp64 adds form no long dependency chain); the chunks are summed in
+  // order. A fixed pattern: the result does not depend on the thread count.
+  constexpr std::size_t kLanes = 8, kChunk = std::size_t(1) << 16;
   double total = 0.0;
   for (const Span& s : spans) {
-    const float* g = s.data;
-    double part[kLanes] = {};
-    std::size_t i = 0;
-    for (; i + kLanes <= s.n; i += kLanes)
-      for (std::size_t k = 0; k < kLanes; ++k) part[k] += double(g[i + k]) * double(g[i + k]);
-    for (std::size_t k = 0; i < s.n; ++i, ++k) part[k] += double(g[i]) * double(g[i]);
-    double sum = 0.0;
-    for (double p : part) sum += p;
-    total += sum;
+    const std::ptrdiff_t chunks = static_cast<std::ptrdiff_t>((s.n + kChunk - 1) / kChunk);
+    double* part = double_scratch(static_cast<std::size_t>(chunks));
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (std::ptrdiff_t c = 0; c < chunks; ++c) {
+      const float* g = s.data + static_cast<std::size_t>(c) * kChunk;
+      const std::size_t n = std::min(kChunk, s.n - static_cast<std::size_t>(c) * kChunk);
+      double lane[kLanes] = {};
+      std::size_t i = 0;
+      for (; i + kLanes <= n; i += kLanes)
+        for (std::size_t k = 0; k < kLanes; ++k) lane[k] += double(g[i + k]) * double(g[i + k]);
+      for (std::size_t k = 0; i < n; ++i, ++k) lane[k] += double(g[i]) * double(g[i]);
+      double sum = 0.0;
+      for (double l : lane) sum += l;
+      part[c] = sum;
+    }
+    for (std::ptrdiff_t c = 0; c < chunks; ++c) total += part[c];
   }
   return total;
 }
 
-void CpuOps::adamw(float* p, Act* weights, const float* grads, float* m, float* v, std::size_t n,
-                   const AdamWStep& h) {
-  const float one_minus_b1 = 1.0f - h.beta1, one_minus_b2 = 1.0f - h.beta2;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = grads[i] * h.grad_scale;
-    m[i] = h.beta1 * m[i] + one_minus_b1 * g;
-    v[i] = h.beta2 * v[i] + one_minus_b2 * (g * g);
-    const float m_hat = m[i] * h.inv_bias_correction1;
-    const float v_hat = v[i] * h.inv_bias_correction2;
-    p[i] -= h.lr * (m_hat / (std::sqrt(v_hat) + h.eps) + h.weight_decay * p[i]);
+void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_avg,
+                   float* exp_avg_sq, std::size_t n, const AdamWStep& h) {
+  // The step's constants in locals and the arrays marked unaliased, so the loop
+  // vectorises without reloading them per element.
+  const float beta1 = h.beta1, beta2 = h.beta2, one_minus_b1 = 1.0f - beta1,
+              one_minus_b2 = 1.0f - beta2, grad_scale = h.grad_scale, lr = h.lr, eps = h.eps,
+              weight_decay = h.weight_decay, bc1 = h.inv_bias_correction1,
+              bc2 = h.inv_bias_correction2;
+  float* __restrict p = params;
+  float* __restrict m = exp_avg;
+  float* __restrict v = exp_avg_sq;
+  const float* __restrict g_in = grads;
+  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
+  for (std::ptrdiff_t i = 0; i < count; ++i) {
+    const float g = g_in[i] * grad_scale;
+    m[i] = beta1 * m[i] + one_minus_b1 * g;
+    v[i] = beta2 * v[i] + one_minus_b2 * (g * g);
+    const float m_hat = m[i] * bc1;
+    const float v_hat = v[i] * bc2;
+    p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * p[i]);
   }
-  if (weights && f(weights) != p) copy(weights, p, n * 4);
+  if (weights && f(weights) != params) copy(weights, params, n * 4);
 }
 
 void CpuOps::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Act* A, const Act* B,

@@ -1,7 +1,11 @@
-// CPU backend: softmax cross-entropy over the first V of Vp logit columns.
+// CPU backend: softmax cross-entropy over the first V of Vp logit columns. Rows are
+// split over the OpenMP threads (each with its own scratch row); a row's result does
+// not depend on which thread computes it.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include <omp.h>
 
 #include "core/error.hpp"
 #include "ops/cpu/cpu_math.hpp"
@@ -14,16 +18,19 @@ void CpuOps::cross_entropy(float* losses, float* dlogits, const float* logits,
   PPTRAIN_CHECK(V > 0 && V <= Vp, "cross_entropy: need 0 < V <= Vp");
   // exp(x - max) goes to dlogits (later scaled to probabilities) or, for the loss
   // alone, to a scratch row: one exp per column either way.
-  float* scratch = dlogits == nullptr ? float_scratch(static_cast<std::size_t>(V)) : nullptr;
+  for (int n = 0; n < N; ++n)
+    PPTRAIN_CHECK(targets[n] >= 0 && targets[n] < V, "cross_entropy: target outside [0, V)");
+  float* scratch = dlogits == nullptr ? thread_rows(V) : nullptr;
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const std::size_t off = static_cast<std::size_t>(n) * Vp;
     const float* x = logits + off;
     const int32_t target = targets[n];
-    PPTRAIN_CHECK(target >= 0 && target < V, "cross_entropy: target outside [0, V)");
     const float maxv = cpu::row_max(x, V);
     // Read the target logit now: dlogits may alias logits and is overwritten below.
     const double shifted_target = static_cast<double>(x[target]) - maxv;
-    float* e = dlogits != nullptr ? dlogits + off : scratch;
+    float* e = dlogits != nullptr ? dlogits + off
+                                  : scratch + static_cast<std::size_t>(omp_get_thread_num()) * V;
     for (int j = 0; j < V; ++j) e[j] = cpu::exp_nonpositive(x[j] - maxv);
     const double sum = cpu::row_sum(e, V);
     losses[n] = static_cast<float>(std::log(sum) - shifted_target);
@@ -47,6 +54,7 @@ int real_columns(int Vl, int col_begin, int V) { return std::max(0, std::min(Vl,
 
 void CpuOps::ce_row_max(float* rowmax, const float* logits, int N, int Vl, int col_begin, int V) {
   const int real = real_columns(Vl, col_begin, V);
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n)
     rowmax[n] = real > 0 ? cpu::row_max(logits + static_cast<std::size_t>(n) * Vl, real)
                          : -std::numeric_limits<float>::infinity();
@@ -55,10 +63,14 @@ void CpuOps::ce_row_max(float* rowmax, const float* logits, int N, int Vl, int c
 void CpuOps::ce_partial_sums(float* stats, const float* logits, const float* rowmax,
                              const int32_t* targets, int N, int Vl, int col_begin, int V) {
   const int real = real_columns(Vl, col_begin, V);
-  float* e = float_scratch(static_cast<std::size_t>(std::max(real, 1)));
+  for (int n = 0; n < N; ++n)
+    PPTRAIN_CHECK(targets[n] >= 0 && targets[n] < V, "cross_entropy: target outside [0, V)");
+  const int width = std::max(real, 1);
+  float* rows = thread_rows(width);
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = logits + static_cast<std::size_t>(n) * Vl;
-    PPTRAIN_CHECK(targets[n] >= 0 && targets[n] < V, "cross_entropy: target outside [0, V)");
+    float* e = rows + static_cast<std::size_t>(omp_get_thread_num()) * width;
     for (int j = 0; j < real; ++j) e[j] = cpu::exp_nonpositive(x[j] - rowmax[n]);
     stats[2 * n] = real > 0 ? static_cast<float>(cpu::row_sum(e, real)) : 0.0f;
     const int local = targets[n] - col_begin;
@@ -70,6 +82,7 @@ void CpuOps::ce_finish(float* losses, float* dlogits, const float* logits, const
                        const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
                        int V, float dloss) {
   const int real = real_columns(Vl, col_begin, V);
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const double sum = stats[2 * n];
     losses[n] = static_cast<float>(std::log(sum) + rowmax[n] - double(stats[2 * n + 1]));

@@ -4,9 +4,16 @@
 // summation order, so results are identical on every call.
 #pragma once
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 namespace pptrain::ops::cpu {
+
+// Column reductions (bias and LayerNorm weight gradients, embedding backward) give each
+// thread whole blocks of this many columns, so every sum runs over the rows in order.
+inline constexpr int kColumnBlock = 64;
+// Elementwise loops shorter than this stay on one thread (starting threads costs more).
+inline constexpr std::ptrdiff_t kParallelMin = 1 << 14;
 
 // exp(x) for x <= 0 (NaN stays NaN; below -80 gives 0, under 2e-35 away from the
 // true value). Relative error about 2e-7: exp(x) = 2^n * exp(r), |r| <= ln2/2, with
@@ -33,6 +40,17 @@ inline float exp_nonpositive(float x) {
   const bool underflow = x < -80.0f;
   const float y = underflow ? 0.0f : std::bit_cast<float>(bits);
   return is_nan ? x : y;
+}
+
+// tanh(x) from exp_nonpositive: tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|), the
+// sign put back. Absolute error about 2e-7 (what GELU needs: it adds tanh to 1), and
+// call-free, so a loop of it vectorises. Pure float arithmetic without contraction
+// (-ffp-contract=off), so every machine computes the same bits.
+inline float tanh_float(float x) {
+  const float ax = x < 0.0f ? -x : x;
+  const float e = exp_nonpositive(-2.0f * ax);
+  const float t = (1.0f - e) / (1.0f + e);
+  return x < 0.0f ? -t : t;
 }
 
 // Largest of v[0..n) (n >= 1); NaNs are skipped here and surface later through exp.

@@ -1,8 +1,11 @@
 // CPU backend: LayerNorm (eps 1e-5, biased variance as PyTorch) and GELU (tanh form).
-// Row reductions run in double in a fixed order.
+// Row reductions run in double in a fixed order; rows (and GELU's elements) are split
+// over the OpenMP threads, column sums by column blocks, so results do not depend on
+// the thread count.
 #include <algorithm>
 #include <cmath>
 
+#include "ops/cpu/cpu_math.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
 namespace pptrain::ops {
@@ -15,6 +18,7 @@ constexpr float kGeluCubic = 0.044715f;
 
 void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                const float* w, const float* b, int N, int C) {
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* x = inp + static_cast<std::size_t>(n) * C;
     float* o = out + static_cast<std::size_t>(n) * C;
@@ -38,6 +42,7 @@ void CpuOps::layernorm_backward_input(float* dinp, const float* dout, const floa
                                       const float* w, const float* mean, const float* rstd, int N,
                                       int C) {
   // dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * w.
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const std::size_t off = static_cast<std::size_t>(n) * C;
     const float* x = inp + off;
@@ -65,37 +70,45 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
                                        const float* mean, const float* rstd, int N, int C) {
   double* acc_w = double_scratch(2 * static_cast<std::size_t>(C));
   double* acc_b = acc_w + C;
-  std::fill(acc_w, acc_w + 2 * static_cast<std::size_t>(C), 0.0);
-  for (int n = 0; n < N; ++n) {
-    const std::size_t off = static_cast<std::size_t>(n) * C;
-    const float* x = inp + off;
-    const float* d = dout + off;
-    const float m = mean[n];
-    const float rs = rstd[n];
-    for (int c = 0; c < C; ++c) {
-      acc_w[c] += d[c] * ((x[c] - m) * rs);
-      acc_b[c] += d[c];
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
+    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+    for (int c = c0; c < c1; ++c) acc_w[c] = acc_b[c] = 0.0;
+    for (int n = 0; n < N; ++n) {
+      const std::size_t off = static_cast<std::size_t>(n) * C;
+      const float* x = inp + off;
+      const float* d = dout + off;
+      const float m = mean[n];
+      const float rs = rstd[n];
+      for (int c = c0; c < c1; ++c) {
+        acc_w[c] += d[c] * ((x[c] - m) * rs);
+        acc_b[c] += d[c];
+      }
     }
-  }
-  for (int c = 0; c < C; ++c) {
-    dw[c] += static_cast<float>(acc_w[c]);
-    db[c] += static_cast<float>(acc_b[c]);
+    for (int c = c0; c < c1; ++c) {
+      dw[c] += static_cast<float>(acc_w[c]);
+      db[c] += static_cast<float>(acc_b[c]);
+    }
   }
 }
 
 void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
+  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
+  for (std::ptrdiff_t i = 0; i < count; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + std::tanh(u));
+    out[i] = 0.5f * x * (1.0f + cpu::tanh_float(u));
   }
 }
 
 void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
+  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
+  for (std::ptrdiff_t i = 0; i < count; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float th = std::tanh(u);
+    const float th = cpu::tanh_float(u);
     const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
     dinp[i] = grad * dout[i];

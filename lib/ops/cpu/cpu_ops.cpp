@@ -1,22 +1,34 @@
 // CPU backend: construction, GEMM (OpenBLAS), bias, embedding and elementwise ops.
+// Loops run on OpenMP threads (the pool OpenBLAS uses too). Each output element is
+// computed by one thread in a fixed order, so no result depends on the thread count.
 #include "ops/cpu/cpu_ops.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.hpp"
+#include "ops/cpu/cpu_math.hpp"
 
 namespace pptrain::ops {
 
 CpuOps::CpuOps(int threads) : threads_(threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+  }
 }
 
 float* CpuOps::float_scratch(std::size_t n) {
   if (fscratch_.size() < n) fscratch_.resize(n);
   return fscratch_.data();
+}
+
+float* CpuOps::thread_rows(int width) {
+  return float_scratch(static_cast<std::size_t>(width) *
+                       static_cast<std::size_t>(omp_get_max_threads()));
 }
 
 double* CpuOps::double_scratch(std::size_t n) {
@@ -36,6 +48,7 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
 }
 
 void CpuOps::add_bias(float* out, const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* row = out + static_cast<std::size_t>(n) * C;
     for (int c = 0; c < C; ++c) row[c] += bias[c];
@@ -43,60 +56,69 @@ void CpuOps::add_bias(float* out, const float* bias, int N, int C) {
 }
 
 void CpuOps::bias_backward(float* dbias, const float* dout, int N, int C) {
-  // Column sums in double, rows in order: fixed reduction order, little rounding.
+  // Column sums in double, rows in order: each column block is one thread's, so the
+  // reduction order is fixed whatever the thread count.
   double* acc = double_scratch(static_cast<std::size_t>(C));
-  std::fill(acc, acc + C, 0.0);
-  for (int n = 0; n < N; ++n) {
-    const float* row = dout + static_cast<std::size_t>(n) * C;
-    for (int c = 0; c < C; ++c) acc[c] += row[c];
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
+    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+    for (int c = c0; c < c1; ++c) acc[c] = 0.0;
+    for (int n = 0; n < N; ++n) {
+      const float* row = dout + static_cast<std::size_t>(n) * C;
+      for (int c = c0; c < c1; ++c) acc[c] += row[c];
+    }
+    for (int c = c0; c < c1; ++c) dbias[c] += static_cast<float>(acc[c]);
   }
-  for (int c = 0; c < C; ++c) dbias[c] += static_cast<float>(acc[c]);
 }
 
 void CpuOps::embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                int vocab_begin, int vocab_rows, const float* wpe, int B, int T,
                                int C) {
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      const std::size_t bt = static_cast<std::size_t>(b) * T + t;
-      PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_forward: negative token id");
-      const int row = tokens[bt] - vocab_begin;
-      float* o = out + bt * C;
-      if (row >= 0 && row < vocab_rows) {
-        const float* e = wte + static_cast<std::size_t>(row) * C;
-        for (int c = 0; c < C; ++c) o[c] = e[c];
-      } else {
-        for (int c = 0; c < C; ++c) o[c] = 0.0f;
-      }
-      if (wpe == nullptr) continue;
-      const float* p = wpe + static_cast<std::size_t>(t) * C;
-      for (int c = 0; c < C; ++c) o[c] += p[c];
+  for (int bt = 0; bt < B * T; ++bt)
+    PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_forward: negative token id");
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < B * T; ++bt) {
+    const int row = tokens[bt] - vocab_begin;
+    float* o = out + static_cast<std::size_t>(bt) * C;
+    if (row >= 0 && row < vocab_rows) {
+      const float* e = wte + static_cast<std::size_t>(row) * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c];
+    } else {
+      for (int c = 0; c < C; ++c) o[c] = 0.0f;
     }
+    if (wpe == nullptr) continue;
+    const float* p = wpe + static_cast<std::size_t>(bt % T) * C;
+    for (int c = 0; c < C; ++c) o[c] += p[c];
   }
 }
 
 void CpuOps::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                                 int vocab_begin, int vocab_rows, int B, int T, int C) {
-  // Sequential in (b, t) order, so repeated tokens always add up the same way.
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      const std::size_t bt = static_cast<std::size_t>(b) * T + t;
-      PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_backward: negative token id");
-      const float* d = dout + bt * C;
+  for (int bt = 0; bt < B * T; ++bt)
+    PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_backward: negative token id");
+  // Each thread owns a block of columns and adds every (b, t) into it in order, so
+  // repeated tokens always add up the same way.
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
+    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+    for (int bt = 0; bt < B * T; ++bt) {
+      const float* d = dout + static_cast<std::size_t>(bt) * C;
       const int row = tokens[bt] - vocab_begin;
       if (row >= 0 && row < vocab_rows) {
         float* e = dwte + static_cast<std::size_t>(row) * C;
-        for (int c = 0; c < C; ++c) e[c] += d[c];
+        for (int c = c0; c < c1; ++c) e[c] += d[c];
       }
       if (dwpe == nullptr) continue;
-      float* p = dwpe + static_cast<std::size_t>(t) * C;
-      for (int c = 0; c < C; ++c) p[c] += d[c];
+      float* p = dwpe + static_cast<std::size_t>(bt % T) * C;
+      for (int c = c0; c < c1; ++c) p[c] += d[c];
     }
   }
 }
 
 void CpuOps::add(float* out, const float* a, const float* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
+  for (std::ptrdiff_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
 }
 
 std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }

@@ -104,6 +104,7 @@ class CpuOps final : public Ops {
   // Grow-only scratch: a float [T,T] tile for attention backward and double
   // per-column sums for the column reductions.
   float* float_scratch(std::size_t n);
+  float* thread_rows(int width);  // scratch: one row of `width` floats per OpenMP thread
   double* double_scratch(std::size_t n);
 
   std::vector<float> fscratch_;
