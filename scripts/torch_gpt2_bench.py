@@ -16,15 +16,22 @@ each timed step is measured with CUDA events and the median is reported.
 Prints one JSON line: tokens_per_s (median), step_ms, tflops (model FLOPs per second,
 pptrain's count: 72*L*C^2 + 6*C*Vp + 12*L*T*C per token), peak_mem_gib and the shape.
 
+With --device cpu it is the CPU baseline of scripts/bench.sh instead: fp32 throughout,
+--threads intra-op threads, AdamW without fusion, the causal softmax written out where
+PyTorch lacks scaled_dot_product_attention (Debian's 1.13), no compilation; each step is
+timed on the host clock.
+
 Usage: torch_gpt2_bench.py --config configs/bench-124m.yaml [--steps 30] [--warmup 5]
        [--batch B] [--seq-len T] [--compile blocks|model|none] [--name NAME]
-Needs PyTorch with CUDA; not run in CI.
+       [--device cuda|cpu] [--threads N]
+Needs PyTorch (with CUDA for the default device); not run in CI.
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 
 
 def read_config(path):
@@ -69,6 +76,8 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=5, help="first steps not timed")
     p.add_argument("--compile", choices=("blocks", "model", "none"), default="blocks",
                    help="torch.compile each block (default), the whole model, or nothing")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     p.add_argument("--peak-tflops", type=float, default=0.0,
                    help="per-GPU peak for the mfu field (0: no mfu)")
     args = p.parse_args(argv)
@@ -121,7 +130,12 @@ def build_model(torch, args, padded_vocab):
             q = q.view(B, T, self.n_head, hs).transpose(1, 2)
             k = k.view(B, T, self.n_head, hs).transpose(1, 2)
             v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if hasattr(F, "scaled_dot_product_attention"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # PyTorch < 2.0
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+                y = att.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
             x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
             return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -155,11 +169,14 @@ def build_model(torch, args, padded_vocab):
 def main(argv):
     args = parse_args(argv)
     import torch  # here, so that --help and py_compile need no PyTorch
-    if not torch.cuda.is_available():
+    cpu = args.device == "cpu"
+    if not cpu and not torch.cuda.is_available():
         print(json.dumps({"name": args.name, "error": "no CUDA device"}))
         return 1
+    if cpu and args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(1234)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     padded_vocab = (args.vocab_size + 127) // 128 * 128
     model = build_model(torch, args, padded_vocab).to(device)
     padding_rows = (padded_vocab - args.vocab_size) * args.d_model  # not counted
@@ -168,9 +185,11 @@ def main(argv):
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, **({} if cpu else {"fused": True}))
     step_model = model
-    if args.compile == "blocks":
+    if cpu:
+        args.compile = "none"
+    elif args.compile == "blocks":
         for block in model.blocks:
             block.compile()
     elif args.compile == "model":
@@ -178,8 +197,11 @@ def main(argv):
     F = torch.nn.functional
 
     def train_step(x, y):
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        if cpu:
             logits = step_model(x)
+        else:
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                logits = step_model(x)
         loss = F.cross_entropy(logits.float().view(-1, padded_vocab), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -197,6 +219,13 @@ def main(argv):
     times_ms, losses = [], []
     for step in range(args.steps):
         x, y = batches[step % len(batches)]
+        if cpu:
+            t0 = time.perf_counter()
+            loss = train_step(x, y)
+            if step >= args.warmup:
+                times_ms.append((time.perf_counter() - t0) * 1e3)
+                losses.append(float(loss))
+            continue
         if step == args.warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -208,7 +237,8 @@ def main(argv):
             end.synchronize()
             times_ms.append(start.elapsed_time(end))
             losses.append(float(loss))
-    torch.cuda.synchronize()
+    if not cpu:
+        torch.cuda.synchronize()
     step_ms = statistics.median(times_ms)
     tok_s = B * T / (step_ms / 1e3)
     tflops = flops_per_token(args.n_layer, args.d_model, T, padded_vocab) * tok_s / 1e12
@@ -220,13 +250,14 @@ def main(argv):
         "step_ms_max": round(max(times_ms), 3),
         "tflops": round(tflops, 2),
         "mfu": round(tflops / args.peak_tflops, 4) if args.peak_tflops > 0 else None,
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_mem_gib": None if cpu else round(torch.cuda.max_memory_allocated() / 2**30, 2),
         "params": n_params,
         "n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model,
         "seq_len": T, "vocab_size": args.vocab_size, "batch": B,
         "steps_timed": len(times_ms), "warmup": args.warmup,
         "compile": args.compile, "last_loss": round(losses[-1], 4),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "device": f"cpu, {torch.get_num_threads()} threads" if cpu else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
     }
     print(json.dumps(result), flush=True)
     return 0

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "ops/cpu/cpu_math.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
@@ -92,20 +94,29 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
   }
 }
 
-void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
-  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
-  for (std::ptrdiff_t i = 0; i < count; ++i) {
+namespace {
+// GELU over [begin, end), compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
+// load time: the wider vectors run the same float operations (no contraction), so
+// every machine computes the same bits. Called per thread block from the OpenMP loops.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PPTRAIN_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PPTRAIN_WIDE_CLONES
+#endif
+
+PPTRAIN_WIDE_CLONES
+void gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     out[i] = 0.5f * x * (1.0f + cpu::tanh_float(u));
   }
 }
 
-void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
-  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
-  for (std::ptrdiff_t i = 0; i < count; ++i) {
+PPTRAIN_WIDE_CLONES
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, std::size_t begin,
+                         std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     const float th = cpu::tanh_float(u);
@@ -113,6 +124,26 @@ void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
     dinp[i] = grad * dout[i];
   }
+}
+
+// Calls f(begin, end) on blocks of [0, n), one block per OpenMP thread when n is large.
+template <typename F>
+void in_thread_blocks(std::size_t n, F f) {
+  if (static_cast<std::ptrdiff_t>(n) <= cpu::kParallelMin) return f(std::size_t(0), n);
+#pragma omp parallel
+  {
+    const std::size_t threads = std::size_t(omp_get_num_threads()), t = std::size_t(omp_get_thread_num());
+    f(n * t / threads, n * (t + 1) / threads);
+  }
+}
+}  // namespace
+
+void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
+  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { gelu_forward_range(out, inp, b, e); });
+}
+
+void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
+  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { gelu_backward_range(dinp, inp, dout, b, e); });
 }
 
 }  // namespace pptrain::ops
