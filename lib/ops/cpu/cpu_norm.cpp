@@ -18,6 +18,27 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
+namespace {
+// Columns [c0, c1) of the LayerNorm weight and bias gradients, summed over every row in
+// order into acc_w and acc_b (wide clones).
+PPTRAIN_WIDE_CLONES
+void layernorm_weight_block(double* acc_w, double* acc_b, const float* dout, const float* inp,
+                            const float* mean, const float* rstd, int N, int C, int c0, int c1) {
+  for (int c = c0; c < c1; ++c) acc_w[c] = acc_b[c] = 0.0;
+  for (int n = 0; n < N; ++n) {
+    const std::size_t off = static_cast<std::size_t>(n) * C;
+    const float* x = inp + off;
+    const float* d = dout + off;
+    const float m = mean[n];
+    const float rs = rstd[n];
+    for (int c = c0; c < c1; ++c) {
+      acc_w[c] += d[c] * ((x[c] - m) * rs);
+      acc_b[c] += d[c];
+    }
+  }
+}
+}  // namespace
+
 void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                const float* w, const float* b, int N, int C) {
 #pragma omp parallel for schedule(static)
@@ -75,18 +96,7 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
     const int c1 = std::min(C, c0 + cpu::kColumnBlock);
-    for (int c = c0; c < c1; ++c) acc_w[c] = acc_b[c] = 0.0;
-    for (int n = 0; n < N; ++n) {
-      const std::size_t off = static_cast<std::size_t>(n) * C;
-      const float* x = inp + off;
-      const float* d = dout + off;
-      const float m = mean[n];
-      const float rs = rstd[n];
-      for (int c = c0; c < c1; ++c) {
-        acc_w[c] += d[c] * ((x[c] - m) * rs);
-        acc_b[c] += d[c];
-      }
-    }
+    layernorm_weight_block(acc_w, acc_b, dout, inp, mean, rstd, N, C, c0, c1);
     for (int c = c0; c < c1; ++c) {
       dw[c] += static_cast<float>(acc_w[c]);
       db[c] += static_cast<float>(acc_b[c]);
@@ -95,14 +105,7 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
 }
 
 namespace {
-// GELU over [begin, end), compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
-// load time: the wider vectors run the same float operations (no contraction), so
-// every machine computes the same bits. Called per thread block from the OpenMP loops.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PPTRAIN_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define PPTRAIN_WIDE_CLONES
-#endif
+// GELU over [begin, end) (wide clones, see cpu_math.hpp), per thread block.
 
 PPTRAIN_WIDE_CLONES
 void gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end) {

@@ -47,12 +47,35 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
 }
 
-void CpuOps::add_bias(float* out, const float* bias, int N, int C) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
+namespace {
+PPTRAIN_WIDE_CLONES
+void add_bias_rows(float* out, const float* bias, int n0, int n1, int C) {
+  for (int n = n0; n < n1; ++n) {
     float* row = out + static_cast<std::size_t>(n) * C;
     for (int c = 0; c < C; ++c) row[c] += bias[c];
   }
+}
+
+// Columns [c0, c1) of dout summed over every row in order, into acc.
+PPTRAIN_WIDE_CLONES
+void column_sums(double* acc, const float* dout, int N, int C, int c0, int c1) {
+  for (int c = c0; c < c1; ++c) acc[c] = 0.0;
+  for (int n = 0; n < N; ++n) {
+    const float* row = dout + static_cast<std::size_t>(n) * C;
+    for (int c = c0; c < c1; ++c) acc[c] += row[c];
+  }
+}
+
+PPTRAIN_WIDE_CLONES
+void add_range(float* out, const float* a, const float* b, std::size_t i0, std::size_t i1) {
+  for (std::size_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+}
+}  // namespace
+
+void CpuOps::add_bias(float* out, const float* bias, int N, int C) {
+  constexpr int kRows = 16;
+#pragma omp parallel for schedule(static)
+  for (int n0 = 0; n0 < N; n0 += kRows) add_bias_rows(out, bias, n0, std::min(N, n0 + kRows), C);
 }
 
 void CpuOps::bias_backward(float* dbias, const float* dout, int N, int C) {
@@ -62,11 +85,7 @@ void CpuOps::bias_backward(float* dbias, const float* dout, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
     const int c1 = std::min(C, c0 + cpu::kColumnBlock);
-    for (int c = c0; c < c1; ++c) acc[c] = 0.0;
-    for (int n = 0; n < N; ++n) {
-      const float* row = dout + static_cast<std::size_t>(n) * C;
-      for (int c = c0; c < c1; ++c) acc[c] += row[c];
-    }
+    column_sums(acc, dout, N, C, c0, c1);
     for (int c = c0; c < c1; ++c) dbias[c] += static_cast<float>(acc[c]);
   }
 }
@@ -116,9 +135,13 @@ void CpuOps::embedding_backward(float* dwte, float* dwpe, const float* dout, con
 }
 
 void CpuOps::add(float* out, const float* a, const float* b, std::size_t n) {
-  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
-  for (std::ptrdiff_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+  constexpr std::size_t kBlock = std::size_t(1) << 14;
+  const std::ptrdiff_t blocks = static_cast<std::ptrdiff_t>((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (std::ptrdiff_t k = 0; k < blocks; ++k) {
+    const std::size_t i0 = std::size_t(k) * kBlock;
+    add_range(out, a, b, i0, std::min(n, i0 + kBlock));
+  }
 }
 
 std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }
