@@ -206,10 +206,11 @@ void validate(const Config& config, const Origins& origins) {
   if (config.train.precision == "bf16" && config.device == "cpu")
     rules.fail("train.precision", "bf16 needs device cuda or auto; the CPU backend computes in "
                                   "fp32 (got device cpu)");
-  if (config.train.attention == "fused" &&
-      (config.device == "cpu" || config.train.precision == "fp32"))
-    rules.fail("train.attention", "fused needs a CUDA device in bf16 (got device " +
-                                      config.device + ", precision " + config.train.precision + ")");
+  // fused: the flash-style kernel on CUDA (bf16 only), the blocked kernel on the CPU.
+  if (config.train.attention == "fused" && config.device != "cpu" &&
+      config.train.precision == "fp32")
+    rules.fail("train.attention", "fused on a CUDA device needs bf16 (got device " +
+                                      config.device + ", precision fp32)");
 }
 
 }  // namespace pptrain::config_detail

@@ -217,7 +217,9 @@ class Buffer {
 
 // The fp32 CPU reference backend; GEMMs through OpenBLAS with `threads` threads
 // (0: all cores).
-std::unique_ptr<Ops> make_cpu_ops(int threads = 0);
+// blocked_attention: causal attention in blocks (train.attention: fused), which saves
+// each row's log-sum-exp instead of the [B,NH,T,T] probabilities.
+std::unique_ptr<Ops> make_cpu_ops(int threads = 0, bool blocked_attention = false);
 
 // True when this build has the CUDA backend; the number of visible CUDA devices (0 when
 // none, no driver, or no CUDA backend).

@@ -20,10 +20,7 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
     if (config.train.precision == "bf16")
       throw InputError(config.source_path +
                        ": train.precision: bf16 needs a CUDA device, and device: auto found none");
-    if (config.train.attention == "fused")
-      throw InputError(config.source_path +
-                       ": train.attention: fused needs a CUDA device, and device: auto found none");
-    return ops::make_cpu_ops(config.train.threads);
+    return ops::make_cpu_ops(config.train.threads, config.train.attention == "fused");
   }
   if (!ops::cuda_backend_built())
     throw InputError(config.source_path +

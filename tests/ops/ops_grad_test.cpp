@@ -163,6 +163,43 @@ TEST_F(OpsGradTest, AttentionAcrossRowBlocks) {
             "attention dqkv (T=150)");
 }
 
+// The blocked (flash-style) attention: finite differences over several row blocks, and
+// the same outputs and gradients as the form that keeps the probabilities.
+TEST_F(OpsGradTest, BlockedAttentionAcrossRowBlocks) {
+  const int B = 2, T = 150, C = 8, NH = 2;
+  std::vector<float> qkv = randn(B * T * 3 * C, 55);
+  const std::vector<float> R = randn(B * T * C, 56);
+  std::vector<float> out(B * T * C), lse(B * NH * T);
+  auto loss = [&] {
+    ops->attention_forward_blocked(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    return dot(out, R);
+  };
+  loss();
+  std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
+  ops->attention_backward_blocked(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T,
+                                  C, NH);
+  expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 200, 57)),
+            "blocked attention dqkv (T=150)");
+}
+
+TEST_F(OpsGradTest, BlockedAttentionMatchesTheProbabilityForm) {
+  for (int T : {1, 7, 64, 65, 150}) {
+    const int B = 2, C = 32, NH = 4;
+    const std::vector<float> qkv = randn(B * T * 3 * C, 60 + T), R = randn(B * T * C, 90 + T);
+    std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size());
+    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
+    std::vector<float> out_b(out.size()), lse(B * NH * T), dqkv_b(qkv.size());
+    ops->attention_forward_blocked(out_b.data(), lse.data(), qkv.data(), B, T, C, NH);
+    ops->attention_backward_blocked(dqkv_b.data(), R.data(), qkv.data(), out_b.data(), lse.data(),
+                                    B, T, C, NH);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out_b[i], out[i], 2e-6f * (1.0f + std::fabs(out[i]))) << "T=" << T << " out " << i;
+    for (std::size_t i = 0; i < dqkv.size(); ++i)
+      ASSERT_NEAR(dqkv_b[i], dqkv[i], 2e-5f * (1.0f + std::fabs(dqkv[i]))) << "T=" << T << " dqkv " << i;
+  }
+}
+
 TEST_F(OpsGradTest, EmbeddingWithRepeatedTokens) {
   const int B = 3, T = 4, C = 5, V = 7;
   const std::vector<int32_t> tokens = {1, 3, 1, 6, 0, 3, 3, 2, 6, 1, 5, 1};

@@ -98,28 +98,33 @@ TEST(Trainer, ResumedRunIsBitIdentical) {
 // same run on 1 and on 3 threads gives the same bits. The shapes are big enough that
 // every op takes its threaded path (several column blocks, several norm chunks).
 TEST(Trainer, ThreadCountDoesNotChangeAnyBit) {
-  auto run = [](const std::string& name, int threads) {
-    const fs::path dir = fresh_dir(name);
-    Config c = tiny(dir, 4);
-    c.model = {2, 4, 192, 64, 256};
-    c.train.threads = threads;
-    train(c);
-    return std::make_pair(read_metrics(dir / "metrics.jsonl"), dir);
-  };
-  const auto [one, dir1] = run("threads_1", 1);
-  const auto [three, dir3] = run("threads_3", 3);
-  ASSERT_EQ(one.size(), 4u);
-  ASSERT_EQ(three.size(), 4u);
-  for (std::size_t i = 0; i < one.size(); ++i) {
-    EXPECT_EQ(one[i]["loss"].get<double>(), three[i]["loss"].get<double>()) << "step " << i + 1;
-    EXPECT_EQ(one[i]["grad_norm"].get<double>(), three[i]["grad_norm"].get<double>());
+  for (const std::string attention : {"unfused", "fused"}) {  // fused: the blocked kernel
+    auto run = [&](int threads) {
+      const fs::path dir = fresh_dir("threads_" + attention + std::to_string(threads));
+      Config c = tiny(dir, 4);
+      c.model = {2, 4, 192, 64, 256};
+      c.train.threads = threads;
+      c.train.attention = attention;
+      train(c);
+      return std::make_pair(read_metrics(dir / "metrics.jsonl"), dir);
+    };
+    const auto [one, dir1] = run(1);
+    const auto [three, dir3] = run(3);
+    ASSERT_EQ(one.size(), 4u);
+    ASSERT_EQ(three.size(), 4u);
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(one[i]["loss"].get<double>(), three[i]["loss"].get<double>())
+          << attention << " step " << i + 1;
+      EXPECT_EQ(one[i]["grad_norm"].get<double>(), three[i]["grad_norm"].get<double>());
+    }
+    auto bytes = [](const fs::path& p) {
+      std::ifstream in(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    EXPECT_EQ(bytes(dir1 / "ckpt" / "step_00000004" / "model.safetensors"),
+              bytes(dir3 / "ckpt" / "step_00000004" / "model.safetensors"))
+        << attention;
   }
-  auto bytes = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  EXPECT_EQ(bytes(dir1 / "ckpt" / "step_00000004" / "model.safetensors"),
-            bytes(dir3 / "ckpt" / "step_00000004" / "model.safetensors"));
 }
 
 TEST(Trainer, AutoResumeContinuesAnInterruptedRun) {

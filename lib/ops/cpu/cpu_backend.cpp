@@ -146,14 +146,20 @@ void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size
   gelu_backward(f(dinp), f(inp), f(dout), n);
 }
 std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {
-  return std::size_t(B) * std::size_t(NH) * std::size_t(T) * std::size_t(T) * sizeof(float);
+  const std::size_t rows = std::size_t(B) * std::size_t(NH) * std::size_t(T);
+  return (blocked_attention_ ? rows : rows * std::size_t(T)) * sizeof(float);
 }
 void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH) {
+  if (blocked_attention_)
+    return attention_forward_blocked(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH);
   attention_forward(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH);
 }
-// The saved probabilities suffice; `out` is not needed.
-void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
+// The saved probabilities suffice for the unblocked form; the blocked one needs `out`.
+void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                 const void* state, int B, int T, int C, int NH) {
+  if (blocked_attention_)
+    return attention_backward_blocked(f(dqkv), f(dout), f(qkv), f(out),
+                                      static_cast<const float*>(state), B, T, C, NH);
   attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH);
 }
 void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,

@@ -14,7 +14,8 @@
 
 namespace pptrain::ops {
 
-CpuOps::CpuOps(int threads) : threads_(threads) {
+CpuOps::CpuOps(int threads, bool blocked_attention)
+    : threads_(threads), blocked_attention_(blocked_attention) {
   if (threads > 0) {
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -144,6 +145,8 @@ void CpuOps::add(float* out, const float* a, const float* b, std::size_t n) {
   }
 }
 
-std::unique_ptr<Ops> make_cpu_ops(int threads) { return std::make_unique<CpuOps>(threads); }
+std::unique_ptr<Ops> make_cpu_ops(int threads, bool blocked_attention) {
+  return std::make_unique<CpuOps>(threads, blocked_attention);
+}
 
 }  // namespace pptrain::ops

@@ -15,7 +15,8 @@ namespace pptrain::ops {
 
 class CpuOps final : public Ops {
  public:
-  explicit CpuOps(int threads);
+  // blocked_attention: attention in blocks, saving no T x T probabilities.
+  explicit CpuOps(int threads, bool blocked_attention = false);
 
   // ---- ops::Ops: memory is host memory, Act arrays are fp32 (cpu_backend.cpp) ----
   std::string name() const override;
@@ -84,6 +85,12 @@ class CpuOps final : public Ops {
   void gelu_forward(float* out, const float* inp, std::size_t n);
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n);
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+  // The blocked (flash-style) form: `lse` [B,NH,T] is each row's log-sum-exp instead of
+  // the probabilities (cpu_attention_blocked.cpp).
+  void attention_forward_blocked(float* out, float* lse, const float* qkv, int B, int T, int C,
+                                 int NH);
+  void attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
+                                  const float* out, const float* lse, int B, int T, int C, int NH);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           int B, int T, int C, int NH);
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
@@ -103,6 +110,7 @@ class CpuOps final : public Ops {
  private:
   // Grow-only scratch: a float [T,T] tile for attention backward and double
   // per-column sums for the column reductions.
+  static std::size_t blocked_tile_floats(int hs);  // per-thread scratch of the blocked kernels
   float* float_scratch(std::size_t n);
   float* thread_rows(int width);  // scratch: one row of `width` floats per OpenMP thread
   double* double_scratch(std::size_t n);
@@ -110,6 +118,7 @@ class CpuOps final : public Ops {
   std::vector<float> fscratch_;
   std::vector<double> dscratch_;
   int threads_;
+  bool blocked_attention_;
 };
 
 // Rows per block in the causal attention GEMMs: a row block only meets the key
