@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -144,5 +145,9 @@ __attribute__((section(".preinit_array"), used)) static void (*const install_sto
 
 int main(int argc, char** argv) {
   std::optional<pptrain::StopSignals> signals(std::in_place);
-  return run(argc, argv, signals);
+  const int code = run(argc, argv, signals);
+  // exit() rather than return: `signals` stays installed while the libraries shut down,
+  // so a stop request that comes after the run has ended cannot turn its exit code into
+  // death by signal.
+  std::exit(code);
 }

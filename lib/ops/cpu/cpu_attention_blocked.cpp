@@ -48,6 +48,21 @@ struct Tiles {
   float* acc; // R x hs
 };
 
+// Runs body(bh, head, tiles, extra) for every (batch, head) pair bh on the OpenMP
+// threads; each thread's slice of `scratch` (per_thread floats) holds its tiles and then
+// `extra`, the rest of the slice.
+template <typename Body>
+void for_each_head(float* scratch, std::size_t per_thread, std::size_t tile_floats,
+                   const float* qkv, int B, int T, int C, int NH, Body body) {
+  const int hs = C / NH;
+#pragma omp parallel for schedule(static)
+  for (int bh = 0; bh < B * NH; ++bh) {
+    float* base = scratch + per_thread * static_cast<std::size_t>(omp_get_thread_num());
+    body(bh, head_of(qkv, bh / NH, bh % NH, T, C, hs), Tiles{base, base + R * R, base + 2 * R * R},
+         base + tile_floats);
+  }
+}
+
 }  // namespace
 
 std::size_t CpuOps::blocked_tile_floats(int hs) { return std::size_t(2) * R * R + std::size_t(R) * hs; }
@@ -59,12 +74,8 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
-#pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const Head hd = head_of(qkv, b, h, T, C, hs);
-    float* base = scratch + per_thread * static_cast<std::size_t>(omp_get_thread_num());
-    const Tiles t{base, base + R * R, base + 2 * R * R};
+  for_each_head(scratch, per_thread, per_thread, qkv, B, T, C, NH,
+                [&](int bh, const Head& hd, const Tiles& t, float* /*extra*/) {
     float* row_lse = lse + static_cast<std::size_t>(bh) * T;
     for (int r0 = 0; r0 < T; r0 += R) {
       const int r1 = std::min(T, r0 + R), rows = r1 - r0;
@@ -102,7 +113,7 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
         row_lse[r0 + i] = static_cast<float>(row_max[i] + std::log(row_sum[i]));
       }
     }
-  }
+  });
 }
 
 void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
@@ -113,13 +124,9 @@ void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const fl
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs) + static_cast<std::size_t>(T);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
-#pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const Head hd = head_of(qkv, b, h, T, C, hs);
-    float* base = scratch + per_thread * static_cast<std::size_t>(omp_get_thread_num());
-    const Tiles t{base, base + R * R, base + 2 * R * R};
-    float* delta = base + blocked_tile_floats(hs);  // D[t] = dout[t] . out[t]
+  // extra: delta[t] = dout[t] . out[t]
+  for_each_head(scratch, per_thread, blocked_tile_floats(hs), qkv, B, T, C, NH,
+                [&](int bh, const Head& hd, const Tiles& t, float* delta) {
     const float* row_lse = lse + static_cast<std::size_t>(bh) * T;
     const float* d_head = dout + hd.out_offset;
     const float* o_head = out + hd.out_offset;
@@ -166,7 +173,7 @@ void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const fl
               1.0f, dv + static_cast<std::size_t>(c0) * C3, C3);
       }
     }
-  }
+  });
 }
 
 }  // namespace pptrain::ops
