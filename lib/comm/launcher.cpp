@@ -116,6 +116,8 @@ namespace {
 // no pidfd support, see errno).
 int open_pidfd(int pid) { return int(::syscall(SYS_pidfd_open, pid, 0)); }
 
+constexpr const char* kRelauncher = "the pptrain that started the ranks";
+
 [[noreturn]] void launcher_gone(const char* what, int pid) {
   char line[160];
   const int n = std::snprintf(line, sizeof line,
@@ -133,17 +135,17 @@ void exit_with_launcher(const LaunchInfo& launch) {
   int pidfd = -1;
   if (relauncher > 0) {
     pidfd = open_pidfd(relauncher);
-    if (pidfd < 0 && errno == ESRCH) launcher_gone("the pptrain that started the ranks", relauncher);
+    if (pidfd < 0 && errno == ESRCH) launcher_gone(kRelauncher, relauncher);
   }
   std::thread([parent, relauncher, pidfd] {
     for (;;) {
       if (pidfd >= 0) {
         pollfd p{pidfd, POLLIN, 0};
-        if (::poll(&p, 1, 200) > 0) launcher_gone("the pptrain that started the ranks", relauncher);
+        if (::poll(&p, 1, 200) > 0) launcher_gone(kRelauncher, relauncher);
       } else {
         ::usleep(200 * 1000);
         if (relauncher > 0 && ::kill(relauncher, 0) != 0 && errno == ESRCH)
-          launcher_gone("the pptrain that started the ranks", relauncher);
+          launcher_gone(kRelauncher, relauncher);
       }
       if (::getppid() != parent) launcher_gone("the launcher that started this rank", parent);
     }
@@ -195,7 +197,7 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSigna
   const std::string stop_file = dir.path() + "/stop";
 
   // The children inherit our environment plus these variables, which mpirun exports.
-  const std::vector<std::string> exported = {
+  std::vector<std::string> exported = {  // mutable: execve takes char*
       "PPTRAIN_LAUNCHED=1", "PPTRAIN_PARENT_PID=" + std::to_string(::getpid()),
       std::string(kStopFileVariable) + "=" + stop_file};
   std::vector<std::string> args = {mpirun, "-np", std::to_string(world_size),
@@ -208,7 +210,6 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSigna
   for (auto& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);
 
-  std::vector<std::string> entries = exported;  // execve wants mutable strings
   std::vector<char*> cenv;
   auto replaced = [&](const char* entry) {
     return std::any_of(exported.begin(), exported.end(), [&](const std::string& e) {
@@ -217,7 +218,7 @@ int relaunch_under_mpirun(int world_size, int argc, char** argv, const StopSigna
   };
   for (char** e = environ; *e; ++e)
     if (!replaced(*e)) cenv.push_back(*e);
-  for (auto& e : entries) cenv.push_back(e.data());
+  for (auto& e : exported) cenv.push_back(e.data());
   cenv.push_back(nullptr);
 
   pid_t pid = 0;

@@ -21,16 +21,15 @@ void make_parent_dirs(const std::string& path, const char* key) {
   if (ec) throw InputError(std::string(key) + ": " + path + ": cannot create " + parent.string() +
                            ": " + ec.message());
 }
-// Writes `text` to `path`; on failure logs an error naming the file and returns false.
-bool write_text(const std::string& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
+// Writes `text` to `path`; on failure logs an error naming the file and the reason.
+void write_text(const std::string& path, const std::string& text) {
   errno = 0;
+  std::FILE* f = std::fopen(path.c_str(), "w");
   bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (f) ok = std::fclose(f) == 0 && ok;
   if (!ok)
     spdlog::error("logging.trace: {}: cannot write ({}); the trace is lost", path,
                   errno ? std::strerror(errno) : "write error");
-  return ok;
 }
 }  // namespace
 
@@ -83,13 +82,13 @@ void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point
                      {"args", {{"step", step}}}});
 }
 
-bool TraceRecorder::write() const {
-  if (path_.empty()) return true;
+void TraceRecorder::write() const {
+  if (path_.empty()) return;
   make_parent_dirs(path_, "logging.trace");
   nlohmann::json events = events_;
   events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
                     {"args", {{"name", "rank " + std::to_string(rank_)}}}});
-  return write_text(path_ + ".rank" + std::to_string(rank_), events.dump() + "\n");
+  write_text(path_ + ".rank" + std::to_string(rank_), events.dump() + "\n");
 }
 
 void merge_traces(const std::string& path, int world) {

@@ -40,9 +40,9 @@ class TraceRecorder {
   TraceRecorder(std::string path, std::vector<int> steps, int rank = 0);
   bool enabled_for(int64_t step) const;  // traced step?
   void add(const std::string& name, int64_t step, Clock::time_point begin, Clock::time_point end);
-  // This rank's part; no-op when disabled. A failed write logs an error and returns
-  // false: the trace is lost, the run goes on.
-  bool write() const;
+  // This rank's part; no-op when disabled. A failed write logs an error: the trace is
+  // lost, the run goes on.
+  void write() const;
 
  private:
   std::string path_;

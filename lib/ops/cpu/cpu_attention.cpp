@@ -53,24 +53,22 @@ void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, 
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
-    {
-      const float* q =
-          qkv + static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
-      float* o = out + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
-      for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
-        const int r1 = std::min(T, r0 + kAttentionRowBlock);
-        float* a_rows = a + static_cast<std::size_t>(r0) * T;
-        // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
-        sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3, C3, k, C3,
-              0.0f, a_rows, T);
-        for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<std::size_t>(t) * T, t, T);
-        // out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
-        sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, C3, 0.0f,
-              o + static_cast<std::size_t>(r0) * C, C);
-      }
+    const float* q =
+        qkv + static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+    float* o = out + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
+    for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
+      const int r1 = std::min(T, r0 + kAttentionRowBlock);
+      float* a_rows = a + static_cast<std::size_t>(r0) * T;
+      // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
+      sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3, C3, k, C3,
+            0.0f, a_rows, T);
+      for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<std::size_t>(t) * T, t, T);
+      // out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
+      sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, C3, 0.0f,
+            o + static_cast<std::size_t>(r0) * C, C);
     }
   }
 }
@@ -88,49 +86,47 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     float* dpre = dpre_all + TT * static_cast<std::size_t>(omp_get_thread_num());
-    {
-      const std::size_t head =
-          static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
-      const float* q = qkv + head;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + head;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
-      const float* d =
-          dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
-      for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
-        const int r1 = std::min(T, r0 + kAttentionRowBlock);
-        float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
-        // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
-        sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, C3,
-              0.0f, p_rows, T);
-        // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
-        for (int t = r0; t < r1; ++t) {
-          float* p = dpre + static_cast<std::size_t>(t) * T;
-          const float* arow = a + static_cast<std::size_t>(t) * T;
-          const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
-          for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
-          std::fill(p + t + 1, p + T, 0.0f);
-        }
-        // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
-        sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, C3, 0.0f,
-              dq + static_cast<std::size_t>(r0) * C3, C3);
+    const std::size_t head =
+        static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
+    const float* q = qkv + head;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + head;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+    const float* d =
+        dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
+    for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
+      const int r1 = std::min(T, r0 + kAttentionRowBlock);
+      float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
+      // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
+      sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, C3,
+            0.0f, p_rows, T);
+      // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
+      for (int t = r0; t < r1; ++t) {
+        float* p = dpre + static_cast<std::size_t>(t) * T;
+        const float* arow = a + static_cast<std::size_t>(t) * T;
+        const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
+        for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
+        std::fill(p + t + 1, p + T, 0.0f);
       }
-      // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
-      // att are zero above the diagonal):
-      // dk[c0:c1] = dpre[c0:T, c0:c1]^T @ q[c0:T], dv[c0:c1] = att[c0:T, c0:c1]^T @ dout[c0:T].
-      for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
-        const int c1 = std::min(T, c0 + kAttentionRowBlock);
-        const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
-        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
-              q + static_cast<std::size_t>(c0) * C3, C3, 0.0f,
-              dk + static_cast<std::size_t>(c0) * C3, C3);
-        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
-              d + static_cast<std::size_t>(c0) * C, C, 0.0f, dv + static_cast<std::size_t>(c0) * C3,
-              C3);
-      }
+      // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
+      sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, C3, 0.0f,
+            dq + static_cast<std::size_t>(r0) * C3, C3);
+    }
+    // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
+    // att are zero above the diagonal):
+    // dk[c0:c1] = dpre[c0:T, c0:c1]^T @ q[c0:T], dv[c0:c1] = att[c0:T, c0:c1]^T @ dout[c0:T].
+    for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
+      const int c1 = std::min(T, c0 + kAttentionRowBlock);
+      const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
+      sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
+            q + static_cast<std::size_t>(c0) * C3, C3, 0.0f,
+            dk + static_cast<std::size_t>(c0) * C3, C3);
+      sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
+            d + static_cast<std::size_t>(c0) * C, C, 0.0f, dv + static_cast<std::size_t>(c0) * C3,
+            C3);
     }
   }
 }

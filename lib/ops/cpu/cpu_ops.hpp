@@ -108,8 +108,9 @@ class CpuOps final : public Ops {
   void add(float* out, const float* a, const float* b, std::size_t n);
 
  private:
-  // Grow-only scratch: a float [T,T] tile for attention backward and double
-  // per-column sums for the column reductions.
+  // Grow-only scratch, shared by the threads of one op call: per-thread attention tiles
+  // and cross-entropy rows, double per-column sums for the column reductions and
+  // per-chunk norm sums.
   static std::size_t blocked_tile_floats(int hs);  // per-thread scratch of the blocked kernels
   float* float_scratch(std::size_t n);
   float* thread_rows(int width);  // scratch: one row of `width` floats per OpenMP thread
