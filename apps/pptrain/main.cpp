@@ -74,6 +74,8 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   CLI::App* topo_cmd = app.add_subcommand(
       "topology", "Print the rank grid: rank -> (tp, dp, pp) and every communication group");
   for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd, topo_cmd}) add_config_options(*cmd, opts);
+  bool plan_json = false;
+  check_cmd->add_flag("--json", plan_json, "Print the plan as one JSON object");
 
   try {
     app.parse(argc, argv);
@@ -97,6 +99,10 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
     const pptrain::Config config = load(opts);
     setup_rank_logging(config, launch);
     if (check_cmd->parsed()) {
+      if (plan_json) {
+        std::fputs(pptrain::describe_plan_json(config).c_str(), stdout);
+        return pptrain::kExitOk;
+      }
       std::fputs(pptrain::describe_plan(config).c_str(), stdout);
       std::puts("config OK");
       return pptrain::kExitOk;

@@ -56,6 +56,10 @@ struct TrainConfig {
   double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak
   // CUDA bf16 attention: unfused (batched GEMMs around a softmax) | fused (flash-style).
   std::string attention = "unfused";
+  // Activation recomputation: none | selective (the attention core) | full (whole layers
+  // from their input), on the first recompute_layers layers of each chunk (0: all).
+  std::string recompute = "none";
+  int recompute_layers = 0;
 };
 
 struct DataConfig {

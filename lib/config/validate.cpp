@@ -161,6 +161,8 @@ void validate_train(const TrainConfig& t, const Rules& r) {
   r.at_least("train.max_nonfinite", t.max_nonfinite, 1);
   r.one_of("train.precision", t.precision, {"auto", "bf16", "fp32"});
   r.one_of("train.attention", t.attention, {"unfused", "fused"});
+  r.one_of("train.recompute", t.recompute, {"none", "selective", "full"});
+  r.at_least("train.recompute_layers", t.recompute_layers, 0);
   r.non_negative("train.peak_tflops", t.peak_tflops);
 }
 

@@ -2,10 +2,12 @@
 // by the parameter layout table, one or more chunks (pipeline stages) of layers, and the
 // tensor-parallel shard of every layer (Megatron-style: column-parallel c_attn/c_fc,
 // row-parallel c_proj, vocab-parallel embedding and cross-entropy, all-reduces over the
-// tp group). Forward keeps one micro-batch's activations in an Activations object;
-// backward is split into an input-gradient pass and a weight-gradient pass, so pipeline
-// schedules can run the second later. All arithmetic and all memory go through ops::Ops:
-// every array lives in the backend's memory (GPU memory on CUDA).
+// tp group). Forward keeps one micro-batch's activations in an Activations object, laid
+// out by the activation table (activation_table.hpp) under the run's recomputation and
+// sequence-parallel policy; backward is split into an input-gradient pass and a
+// weight-gradient pass, so pipeline schedules can run the second later. All arithmetic
+// and all memory go through ops::Ops: every array lives in the backend's memory (GPU
+// memory on CUDA).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -14,14 +16,11 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "core/dtype.hpp"
+#include "model/activation_table.hpp"
 #include "model/param_layout.hpp"
 #include "ops/ops.hpp"
 
 namespace pptrain {
-
-// Floats of activation storage (forward values and saved gradients) for one micro-batch
-// of `batch` sequences through the whole (unsplit) model.
-double gpt_activation_floats(const ModelConfig& model, int batch);
 
 // Training FLOPs per token (forward + backward): 6 per multiply-accumulate weight
 // use, i.e. 72*L*C^2 + 6*C*Vp for the matmuls, plus 12*L*T*C for attention.
@@ -35,8 +34,8 @@ class GptModel {
 
   // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group for
   // the backend's arrays (may be null when part.tp_size == 1).
-  GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
-           const ModelPartition& part, comm::Group* tp = nullptr);
+  GptModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
+           comm::Group* tp = nullptr, const ActivationPolicy& policy = {});
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops)
       : GptModel(model, batch, ops, whole_model(model)) {}
   ~GptModel();
@@ -46,7 +45,12 @@ class GptModel {
   const ModelPartition& partition() const { return part_; }
   ops::Ops& backend() const { return ops_; }
   int batch() const { return B_; }
-  int num_chunks() const { return int(part_.chunks.size()); }
+  const ActivationPolicy& policy() const { return policy_; }
+  // The sizes the activation table is evaluated at for this rank.
+  ActivationShape activation_shape() const;
+  const ChunkActivationLayout& activation_layout(int chunk) const {
+    return layouts_.at(std::size_t(chunk));
+  }
   // The fp32 master parameters and the fp32 gradients, in backend memory, laid out by
   // layout(); weights() is the copy the forward computes with, in the backend's compute
   // dtype (the master itself when that is fp32).
@@ -67,7 +71,11 @@ class GptModel {
   void init_parameters(uint64_t seed);
   void zero_grads();
 
+  // A chunk's set: its kept buffers. The buffers kept only until B, or only from B to W,
+  // are lent from the model's spares while needed; release_parts returns what a set
+  // still holds (before it is pooled or dropped).
   std::unique_ptr<Activations> new_activations(int chunk) const;
+  void release_parts(Activations& a);
   // Bytes of one stage-boundary array [batch, seq_len, d_model] (what is sent between stages).
   std::size_t boundary_bytes() const;
 
@@ -83,9 +91,12 @@ class GptModel {
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale = 0.0f);
 
   // Input gradients through the chunk, after a training forward. A non-last chunk first
-  // needs the gradient of its output written to output_grad(a).
+  // needs the gradient of its output written to output_grad(a). A chunk with fully
+  // recomputed layers, when W follows B (policy().weight_follows_input), runs each
+  // layer's W right after its B here, from one layer's workspace.
   void backward_input(int chunk, Activations& a);
-  // Weight gradients of the chunk, accumulated into grads(); after backward_input.
+  // Weight gradients of the chunk, accumulated into grads(); after backward_input (a
+  // no-op when backward_input already ran them).
   void backward_weight(int chunk, Activations& a);
   void backward_input();   // single-chunk whole model
   void backward_weight();  // single-chunk whole model
@@ -106,17 +117,29 @@ class GptModel {
   struct LayerTensors {
     P ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
+  // One layer's buffers for one pass, resolved through the chunk's layout.
+  struct LayerView;
   LayerTensors<const ops::Act*> layer_weights(int layer);
   LayerTensors<float*> layer_grads(int layer);
   const ops::Act* weight(const char* name);
   float* grad(const char* name);
   void all_reduce_tp(ops::Act* data, std::size_t n);
-  void layer_forward(int layer, Activations& a, int local);
-  void layer_backward_input(int layer, Activations& a, int local);
-  void layer_backward_weight(int layer, Activations& a, int local);
+  void* slot(Activations& a, int local, Slot s, bool forward = false) const;
+  ops::Act* act(Activations& a, Slot s) const { return static_cast<ops::Act*>(slot(a, 0, s)); }
+  float* f32(Activations& a, Slot s) const { return static_cast<float*>(slot(a, 0, s)); }
+  enum class Pass { Forward, Input, Weight };  // F, B, W
+  LayerView layer_view(Activations& a, int local, Pass pass) const;
+  void init_activation_layouts();
+  void lend(Activations& a, Lifetime part);
+  void give_back(Activations& a, Lifetime part);
+  void layer_forward(int layer, const LayerView& v);
+  void layer_backward_input(int layer, const LayerView& v);
+  void layer_backward_weight(int layer, const LayerView& v);
+  void recompute(int layer, int local, LayerView& v);
   void embed(Activations& a);
   float head_forward(Activations& a, float loss_scale);
   void head_backward_input(Activations& a);
+  void chunk_backward_weight(int chunk, Activations& a);  // head and embedding W
 
   ModelConfig cfg_;
   ModelPartition part_;
@@ -127,23 +150,34 @@ class GptModel {
   ParamLayout layout_;
   ops::Buffer params_, grads_, weights_;  // weights_ empty when the compute dtype is fp32
   std::vector<std::size_t> layer_offsets_;  // 12 offsets per global layer (if held)
-  std::unique_ptr<Activations> whole_;      // activations of the single-chunk helpers
+  ActivationPolicy policy_;
+  std::vector<ChunkActivationLayout> layouts_;  // per chunk
+  std::vector<bool> fused_backward_;            // per chunk: B and W run layer by layer
+  ops::Buffer workspace_;                       // the Workspace slots, shared by all sets
+  // Spare UntilB and FromB parts, per chunk, lent to sets while they need them.
+  std::vector<std::vector<ops::Buffer>> spare_until_b_, spare_from_b_;
+  std::unique_ptr<Activations> whole_;  // activations of the single-chunk helpers
 };
 
-// Arrays in backend memory: Act ones in the compute dtype, the statistics and losses fp32,
+// One micro-batch's buffers for one chunk, in backend memory, laid out by
+// activation_layout(chunk): Act slots in the compute dtype, statistics and losses fp32,
 // tokens and targets int32.
 struct GptModel::Activations {
-  struct Layer {
-    ops::Buffer ln1, ln1_mean, ln1_rstd, qkv, att_state, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu;
-    ops::Buffer dres2, dfch, dln2, dqkv, dln1;  // output gradients for the W pass
-  };
-  ops::Buffer tokens, targets;
-  std::vector<ops::Buffer> x;   // x[i]: input of the chunk's i-th layer; x[n]: output
-  std::vector<ops::Buffer> dx;  // gradients w.r.t. x[i]
-  std::vector<Layer> layers;
-  ops::Buffer lnf, lnf_mean, lnf_rstd, logits, losses, dlnf, ce_max, ce_stats;
+  int chunk = 0;
+  ops::Buffer set;               // the Set slots
+  ops::Buffer until_b, from_b;   // the UntilB and FromB slots, lent by the model
+  bool weight_done = false;      // backward_input already ran W (fused)
   std::vector<float> host_losses;  // losses, copied to the host by the forward
+};
+
+// One layer's buffers as one pass sees them (null where the table gives none).
+struct GptModel::LayerView {
+  ops::Act *x, *out;   // the layer's input and output
+  ops::Act *dx, *dout; // their gradients
+  ops::Act *ln1, *ln1_gathered, *qkv, *atty, *partial, *res2, *ln2, *ln2_gathered, *fch, *fch_gelu;
+  ops::Act *dres2, *dfch, *dln2, *dqkv, *dln1, *recomputed_out;
+  float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+  void* att_state;
 };
 
 }  // namespace pptrain

@@ -215,6 +215,13 @@ class Buffer {
   std::size_t bytes_ = 0;
 };
 
+// Bytes of the state attention saves for [B, NH, T] query rows: one fp32 log-sum-exp per
+// row (the blocked and flash-style kernels) or each row's T probabilities in `dtype`.
+inline std::size_t attention_state_bytes(bool saves_logsumexp, DType dtype, int B, int T, int NH) {
+  const std::size_t rows = std::size_t(B) * std::size_t(NH) * std::size_t(T);
+  return saves_logsumexp ? rows * sizeof(float) : rows * std::size_t(T) * dtype_size(dtype);
+}
+
 // The fp32 CPU reference backend; GEMMs through OpenBLAS with `threads` threads
 // (0: all cores).
 // blocked_attention: causal attention in blocks (train.attention: fused), which saves

@@ -34,6 +34,51 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
   return part;
 }
 
+ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
+                                 int stage, const std::vector<bool>& fused) {
+  const std::size_t v = std::size_t(placement.chunks());
+  ActivationPeaks peak{std::vector<int>(v), std::vector<int>(v), std::vector<int>(v)};
+  std::vector<int> sets(v), until_b(v), from_b(v);
+  std::set<std::pair<int, int>> live, holds_until_b, weight_done, sent;
+  auto count = [](std::vector<int>& now, std::vector<int>& most, int c, int delta) {
+    now[size_t(c)] += delta;
+    most[size_t(c)] = std::max(most[size_t(c)], now[size_t(c)]);
+  };
+  auto touch = [&](int mb, int c) {
+    if (live.insert({mb, c}).second) count(sets, peak.sets, c, 1);
+  };
+  auto release = [&](std::pair<int, int> key) {
+    live.erase(key);
+    weight_done.erase(key);
+    sent.erase(key);
+    if (holds_until_b.erase(key)) count(until_b, peak.until_b, key.second, -1);
+    count(sets, peak.sets, key.second, -1);
+  };
+  for (const Step& step : steps)
+    for (const Action& a : step.actions) {
+      const std::pair<int, int> key{a.microbatch, a.chunk};
+      const bool first = placement.is_first(stage, a.chunk);
+      touch(a.microbatch, a.chunk);
+      if (step.kind == Step::LocalCopy) touch(a.microbatch, message_peer(placement, stage, a).chunk);
+      if (a.op == Op::Forward && holds_until_b.insert(key).second) count(until_b, peak.until_b, a.chunk, 1);
+      if (a.op == Op::BackwardInput) {
+        count(from_b, peak.from_b, a.chunk, 1);
+        if (holds_until_b.erase(key)) count(until_b, peak.until_b, a.chunk, -1);
+        if (fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
+      }
+      if (a.op == Op::BackwardWeight) {
+        if (!fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
+        weight_done.insert(key);
+        if (first || sent.count(key)) release(key);
+      }
+      if (a.op == Op::SendBackward) {
+        sent.insert(key);
+        if (weight_done.count(key)) release(key);
+      }
+    }
+  return peak;
+}
+
 PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
                                    ScheduleKind kind, int stage, int micro_batches,
                                    int virtual_stages, MessageMode mode,
@@ -71,8 +116,13 @@ void PipelineExecutor::release(const Key& key) {
   // A set whose sends may still be leaving waits in `draining_`: waiting for them here
   // could deadlock (the receiver may post its receive only after its own sends).
   auto it = live_.find(key);
+  model_.release_parts(*it->second);
   auto s = sends_.find(key);
-  if (s != sends_.end()) {
+  const bool pending = s != sends_.end() &&
+                       !std::all_of(s->second.begin(), s->second.end(),
+                                    [](const auto& op) { return op->test(); });
+  if (s != sends_.end() && !pending) sends_.erase(s);
+  if (pending) {
     draining_.push_back({key.second, std::move(it->second), std::move(s->second)});
     sends_.erase(s);
   } else {

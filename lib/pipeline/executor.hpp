@@ -29,6 +29,16 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
                                   int tp_size, int tp_rank,
                                   const std::vector<int>& layers_per_stage = {});
 
+// The most activation sets, and the most parts lent between F and B and between B and W,
+// one chunk holds at once while its rank runs `steps` (per chunk): what the executor and
+// the model allocate, with every send complete by the next step. `fused[c]`: chunk c
+// runs W inside B (GptModel's fused backward).
+struct ActivationPeaks {
+  std::vector<int> sets, until_b, from_b;
+};
+ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
+                                 int stage, const std::vector<bool>& fused);
+
 struct PipelineStats {
   double loss_sum = 0;      // sum of the micro-batch mean losses (last stage; else 0)
   double compute_s = 0;     // forward and backward passes (tensor-parallel all-reduces included)

@@ -56,6 +56,10 @@ std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batch
   return "";
 }
 
+bool weight_follows_input(ScheduleKind kind) {
+  return kind != ScheduleKind::ZeroBubbleH1 && kind != ScheduleKind::ZeroBubbleV;
+}
+
 Placement schedule_placement(ScheduleKind kind, int pp, int virtual_stages) {
   return Placement(kind == ScheduleKind::ZeroBubbleV ? PlacementKind::V : PlacementKind::Looped,
                    pp, virtual_stages);

@@ -24,6 +24,10 @@ std::string schedule_name(ScheduleKind kind);
 std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batches,
                                       int virtual_stages);
 
+// Whether every micro-batch's W runs right after its B (gpipe, 1f1b, interleaved), so
+// that a model can run them together layer by layer; false for zb-h1 and zb-v.
+bool weight_follows_input(ScheduleKind kind);
+
 // The placement a schedule runs on: V for zb-v, looped for every other kind.
 Placement schedule_placement(ScheduleKind kind, int pp, int virtual_stages);
 

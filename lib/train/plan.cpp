@@ -1,11 +1,14 @@
 // The run plan printed by `check-config`: what the run will be, before it starts.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
+#include "train/memory_plan.hpp"
 #include "train/session.hpp"
 #include "train/trainer.hpp"
 
@@ -15,26 +18,61 @@ namespace {
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0)); }
 }  // namespace
 
+namespace {
+// The backend the run would get on this machine, as the memory plan needs it.
+BackendTraits backend_traits(const Config& c, bool cuda) {
+  BackendTraits t;
+  t.compute = cuda && c.train.precision != "fp32" ? DType::BF16 : DType::F32;
+  t.logsumexp_attention = c.train.attention == "fused" && (!cuda || t.compute == DType::BF16);
+  return t;
+}
+bool runs_on_cuda(const Config& c) {
+  const int gpus = c.device == "cpu" ? 0 : ops::cuda_device_count();
+  return c.device == "cuda" || (c.device == "auto" && gpus > 0);
+}
+double to_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+}  // namespace
+
+std::string describe_plan_json(const Config& c) {
+  const bool cuda = runs_on_cuda(c);
+  check_schedule(c);
+  const RankMemory r = predict_peak_memory(c, backend_traits(c, cuda));
+  nlohmann::json j = {
+      {"config", c.source_path},
+      {"world_size", world_size(c)},
+      {"device", cuda ? "cuda" : "cpu"},
+      {"recompute", c.train.recompute},
+      {"recompute_layers", c.train.recompute_layers},
+      {"schedule", c.parallel.schedule},
+      {"heaviest_rank", {{"stage", r.stage}, {"tp_rank", r.tp_rank}}},
+      {"predicted_peak_memory_mib", to_mib(r.total())},
+      {"memory_mib",
+       {{"weights", to_mib(r.weights)},
+        {"gradients", to_mib(r.gradients)},
+        {"weight_copy", to_mib(r.weight_copy)},
+        {"optimizer", to_mib(r.optimizer)},
+        {"zero_buffers", to_mib(r.zero_buffers)},
+        {"checkpoint_gather", to_mib(r.checkpoint_gather)},
+        {"activations", to_mib(r.activations)},
+        {"workspace", to_mib(r.workspace)}}},
+      {"parameters", gpt_param_layout(c.model).hf_param_count()},
+      {"tokens_per_step", tokens_per_step(c)},
+      {"flops_per_token", gpt_flops_per_token(c.model)}};
+  return j.dump(2) + "\n";
+}
+
 std::string describe_plan(const Config& c) {
   const ModelConfig& m = c.model;
   const ParamLayout layout = gpt_param_layout(m);
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
   const auto val = load_validation_tokens(c.data, m, c.train.seed);
-  // The backend the run would get on this machine, and its activation element size.
   const int gpus = c.device == "cpu" ? 0 : ops::cuda_device_count();
-  const bool cuda = c.device == "cuda" || (c.device == "auto" && gpus > 0);
-  const DType act_type = cuda && c.train.precision != "fp32" ? DType::BF16 : DType::F32;
+  const bool cuda = runs_on_cuda(c);
+  const BackendTraits traits = backend_traits(c, cuda);
+  const DType act_type = traits.compute;
   const double arena = double(layout.total_floats()) * sizeof(float);
   // The forward's weight copy, when it is not the fp32 master itself.
   const double copy = act_type == DType::F32 ? 0.0 : double(layout.total_floats()) * 2;
-  double acts =
-      gpt_activation_floats(m, c.parallel.micro_batch_size) * double(dtype_size(act_type));
-  if (act_type == DType::BF16 && c.train.attention == "fused") {
-    // The fused attention keeps one fp32 logsumexp per row instead of the T*T probabilities.
-    const double rows = double(m.n_layer) * c.parallel.micro_batch_size * m.n_head * m.seq_len;
-    acts -= rows * m.seq_len * 2;
-    acts += rows * 4;
-  }
   const double flops_token = gpt_flops_per_token(m);
   const int64_t tokens = tokens_per_step(c);
   const auto& p = c.parallel;
@@ -62,29 +100,32 @@ std::string describe_plan(const Config& c) {
                                theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages,
                                                   message_mode(c, cuda), planned_costs(c)),
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
-  // Stage 0 of tensor-parallel rank 0: the busiest rank for weights and activations.
-  const ParamLayout rank0 = gpt_param_layout(
-      m, pipeline_partition(m, placement_of(c), 0, p.tp, 0, p.layers_per_stage));
-  const double rank_arena = double(rank0.total_floats()) * sizeof(float);
-  int stage0_layers = 0;
-  for (const ChunkSpec& ch : pipeline_partition(m, placement_of(c), 0, 1, 0, p.layers_per_stage).chunks)
-    stage0_layers += ch.layer_end - ch.layer_begin;
-  // A set holds one chunk: 1/v of the stage's layers.
-  const double rank_acts = acts * stage0_layers / p.virtual_stages / m.n_layer / p.tp *
-                           activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages);
-  const double optim = 2 * rank_arena / (p.zero == 1 ? p.dp : 1);
-  line("per rank", fmt::format("rank 0 (stage 0): weights {}, gradients {}, optimizer state {}, "
-                               "activations about {}",
-                               mib(rank_arena), mib(rank_arena), mib(optim), mib(rank_acts)));
+  const RankMemory r = predict_peak_memory(c, traits);
+  line("recompute", fmt::format("{}{}", c.train.recompute,
+                                c.train.recompute != "none" && c.train.recompute_layers > 0
+                                    ? fmt::format(" (first {} layer(s) of each chunk)",
+                                                  c.train.recompute_layers)
+                                    : std::string()));
+  line("peak memory", fmt::format("{} predicted on the heaviest rank (stage {}, tp rank {}): "
+                                  "weights {}, gradients {}{}, optimizer state {}{}{}, "
+                                  "activations {}, workspace {}",
+                                  mib(r.total()), r.stage, r.tp_rank, mib(r.weights),
+                                  mib(r.gradients),
+                                  r.weight_copy > 0 ? ", bf16 copy " + mib(r.weight_copy) : "",
+                                  mib(r.optimizer),
+                                  r.zero_buffers > 0 ? ", ZeRO buffers " + mib(r.zero_buffers) : "",
+                                  r.checkpoint_gather > 0
+                                      ? ", gathered while saving " + mib(r.checkpoint_gather)
+                                      : "",
+                                  mib(r.activations), mib(r.workspace)));
   line("batch", fmt::format("{} micro-batch(es) x {} sequence(s) x {} tokens = {} tokens per step",
                             p.micro_batches, p.micro_batch_size, m.seq_len, tokens));
   line("FLOPs", fmt::format("{:.4g} per token, {:.4g} per step ({} steps: {:.4g} in all)",
                             flops_token, flops_token * double(tokens), c.train.steps,
                             flops_token * double(tokens) * c.train.steps));
-  line("memory", fmt::format("whole model: weights {}{}, gradients {}, optimizer state {}, "
-                             "activations {} (one micro-batch); total {}",
+  line("memory", fmt::format("whole model: weights {}{}, gradients {}, optimizer state {}",
                              mib(arena), copy > 0 ? " + bf16 copy " + mib(copy) : "", mib(arena),
-                             mib(2 * arena), mib(acts), mib(4 * arena + copy + acts)));
+                             mib(2 * arena)));
   line("optimizer", fmt::format("AdamW lr {} -> {} ({}, {} warmup steps), weight decay {}, "
                                 "grad clip {}",
                                 c.train.lr, c.train.min_lr, c.train.lr_schedule,
@@ -102,6 +143,8 @@ std::string describe_plan(const Config& c) {
                              cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
                              dtype_name(act_type),
                              c.train.attention == "fused" ? ", fused attention" : ""));
+  out += "activations  one micro-batch's buffers (a layer, then the head), as kept under this "
+         "config:\n" + describe_activation_table(activation_shape(c, traits), activation_policy(c));
   return out;
 }
 

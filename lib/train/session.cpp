@@ -63,6 +63,14 @@ StageCosts planned_costs(const Config& c) {
   return {t.at(0), t.at(1), t.at(2), 0};
 }
 
+ActivationPolicy activation_policy(const Config& c) {
+  ActivationPolicy p;
+  p.recompute = parse_recompute(c.train.recompute);
+  p.recompute_layers = c.train.recompute_layers;
+  p.weight_follows_input = weight_follows_input(parse_schedule(c.parallel.schedule));
+  return p;
+}
+
 RankGrid make_grid(const Config& c) {
   const auto& p = c.parallel;
   return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage());
@@ -96,7 +104,7 @@ Session::Session(const Config& config)
       model(config.model, config.parallel.micro_batch_size, *ops,
             pipeline_partition(config.model, placement_of(config), coord.pp, grid.tp(), coord.tp,
                                config.parallel.layers_per_stage),
-            comms.tp_for_model()),
+            comms.tp_for_model(), activation_policy(config)),
       executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}

@@ -34,6 +34,9 @@ RankGrid make_grid(const Config& config);
 MessageMode message_mode(const Config& config, bool device_memory);
 // parallel.schedule_costs: the F, B and W times schedules are planned with.
 StageCosts planned_costs(const Config& config);
+// train.recompute and train.recompute_layers, with whether the schedule runs W right
+// after B.
+ActivationPolicy activation_policy(const Config& config);
 
 struct Session {
   explicit Session(const Config& config);

@@ -52,7 +52,7 @@ struct StepReport {
   StageCosts costs;  // mean seconds of one micro-batch's F, B and W on a whole stage
   int peak_activations = 0;
   double peak_rss_mib = 0;
-  double peak_device_mib = 0;  // backend memory (0 on the CPU)
+  double peak_memory_mib = 0;  // most backend memory a rank held at once, max over ranks
   bool stop = false;  // some rank got a stop signal
 };
 
@@ -264,10 +264,11 @@ TrainResult train_rank(Session& s, const StopSignals& signals) {
                             {"wait_s", rep.wait_s},
                             {"comm_s", rep.comm_s},
                             {"peak_activations", rep.peak_activations},
-                            {"peak_rss_mib", rep.peak_rss_mib}};
+                            {"peak_rss_mib", rep.peak_rss_mib},
+                            {"peak_memory_mib", rep.peak_memory_mib}};
       if (val_loss) rec["val_loss"] = *val_loss;
       if (peak_tflops > 0) rec["mfu"] = util;
-      if (s.ops->device_memory()) rec["peak_device_mib"] = rep.peak_device_mib;
+      if (s.ops->device_memory()) rec["peak_device_mib"] = rep.peak_memory_mib;  // its old name
       metrics.write(rec);
     }
     if (!ckpt_dir.empty() && (due(n, cfg.checkpoint.every, last_step) || rep.stop)) {

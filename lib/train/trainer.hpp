@@ -33,5 +33,8 @@ double evaluate_checkpoint(const Config& config);
 // Human-readable summary of the run: sizes, FLOPs and a memory estimate. Opens the
 // data files so that their errors surface here.
 std::string describe_plan(const Config& config);
+// The same plan as one JSON object (check-config --json), with the predicted peak
+// memory of the heaviest rank (predicted_peak_memory_mib) and its parts.
+std::string describe_plan_json(const Config& config);
 
 }  // namespace pptrain

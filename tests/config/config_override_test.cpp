@@ -240,7 +240,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 49);
+  EXPECT_EQ(keys, 51);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {

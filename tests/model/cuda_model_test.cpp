@@ -29,8 +29,10 @@ ModelConfig model_config() {
 using test_support::tokens;
 
 struct Replica {
-  Replica(std::unique_ptr<ops::Ops> backend, const TrainConfig& t)
-      : ops(std::move(backend)), model(model_config(), 2, *ops), opt(*ops, model.layout(), t) {
+  Replica(std::unique_ptr<ops::Ops> backend, const TrainConfig& t, const ActivationPolicy& policy = {})
+      : ops(std::move(backend)),
+        model(model_config(), 2, *ops, whole_model(model_config()), nullptr, policy),
+        opt(*ops, model.layout(), t) {
     model.init_parameters(5);
   }
   float step(const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int t) {
@@ -101,6 +103,30 @@ TEST_P(CudaModelTest, EvaluationLossesArePerPositionAndMatch) {
   cpu.model.forward(in.data(), tg.data(), 0.0f);
   EXPECT_LE(relative_error(gpu.model.position_losses(), cpu.model.position_losses()),
             GetParam() == DType::BF16 ? 2e-2 : 1e-5);
+}
+
+// Recomputation on the CUDA backend: the same kernels on the same inputs, so the losses
+// and gradients of recompute: none, bit for bit (W right after B, and W deferred).
+TEST_P(CudaModelTest, RecomputationChangesNoBit) {
+  const ModelConfig m = model_config();
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 5), tg = tokens(2 * m.seq_len, m.vocab_size, 6);
+  for (bool fused_attention : {false, true}) {
+    if (fused_attention && GetParam() != DType::BF16) continue;  // the fused kernels are bf16
+    for (bool follows : {true, false}) {
+      auto run = [&](Recompute mode) {
+        ActivationPolicy policy;
+        policy.recompute = mode;
+        policy.weight_follows_input = follows;
+        Replica r(ops::make_cuda_ops(0, GetParam(), fused_attention), TrainConfig{}, policy);
+        r.grads.push_back(r.step(in, tg, 1));
+        return r.grads;
+      };
+      const std::vector<float> none = run(Recompute::None);
+      for (Recompute mode : {Recompute::Selective, Recompute::Full})
+        EXPECT_TRUE(run(mode) == none) << recompute_name(mode) << (fused_attention ? ", fused" : "")
+                                       << (follows ? "" : ", W deferred");
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelTest, ::testing::Values(DType::F32, DType::BF16),

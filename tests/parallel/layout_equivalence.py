@@ -8,6 +8,8 @@ The global batch (dp * micro_batches * micro_batch_size) is the same in every la
 Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's message
 mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
 so that no message is buffered: a schedule that could deadlock does.
+Activation recomputation (selective and full, on all or some layers) runs in several of
+these layouts and must give that layout's losses bit for bit.
 Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...]
 """
 import json
@@ -44,6 +46,18 @@ LAYOUTS = {
     "pp2_m3": (1, 2, 1, 4, []),  # replaced below: micro_batches 3 is not this batch
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
     "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),
+}
+# Recomputation: (the layout it must equal bit for bit, overrides).
+RECOMPUTE_CASES = {
+    "tp2_selective": ("tp2", ["train.recompute=selective"]),
+    "pp2_full": ("pp2", ["train.recompute=full"]),
+    "pp2_gpipe_selective": ("pp2_gpipe", ["train.recompute=selective"]),
+    "pp4_interleaved_full": ("pp4_interleaved", ["train.recompute=full"]),
+    "pp4_zb_h1_full": ("pp4_zb_h1", ["train.recompute=full"]),
+    "pp4_zb_v_full_1layer": ("pp4_zb_v", ["train.recompute=full", "train.recompute_layers=1"]),
+    "pp4_zb_v_grouped_selective": ("pp4_zb_v_grouped", ["train.recompute=selective"]),
+    "tp2_pp2_dp2_full": ("tp2_pp2_dp2", ["train.recompute=full"]),
+    "tp2_pp2_dp2_zero1_selective": ("tp2_pp2_dp2_zero1", ["train.recompute=selective"]),
 }
 # Resharding: saved after step 5 at (tp, pp, dp, micro_batches) = the first layout (a
 # sharded checkpoint, or the single-file one of one rank), resumed in the others.
@@ -124,6 +138,19 @@ def main():
               f"first grad norm {first[1]:.1e}, worst loss {worst:.1e} -> {'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
+    # Recomputation changes no bit of any layout's losses.
+    for name, (like, overrides) in RECOMPUTE_CASES.items():
+        if like not in names:
+            continue
+        tp, pp, dp, mb, extra = LAYOUTS[like]
+        rows = run(pptrain, config, work, name, tp, pp, dp, mb, extra + overrides)
+        want = [json.loads(l) for l in open(os.path.join(work, like + ".jsonl"))]
+        same = [r["loss"] for r in rows] == [r["loss"] for r in want] and \
+            [r["grad_norm"] for r in rows] == [r["grad_norm"] for r in want]
+        print(f"{name:28} against {like}: losses and grad norms "
+              f"{'bit-identical' if same else 'DIFFER'} -> {'ok' if same else 'FAIL'}")
+        if not same:
+            failures.append(name)
     # A checkpoint saved in one layout continues in others with the single-rank losses.
     saved = {}
     for name, (save_at, (tp, pp, dp, mb)) in RESUME_CASES.items():
@@ -162,7 +189,7 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + len(RESUME_CASES) + 2} passed, 0 failed")
+    print(f"{len(names) + len(RECOMPUTE_CASES) + len(RESUME_CASES) + 2} passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,13 @@ void* CpuOps::allocate(std::size_t bytes) {
   const std::size_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
   void* p = std::aligned_alloc(kArenaAlignment, rounded ? rounded : kArenaAlignment);
   if (!p) throw std::bad_alloc();
+  memory_.added(p, bytes);
   return p;
 }
-void CpuOps::deallocate(void* p) noexcept { std::free(p); }
+void CpuOps::deallocate(void* p) noexcept {
+  memory_.removed(p);
+  std::free(p);
+}
 namespace {
 // Large fills and copies in one block per OpenMP thread: on a fresh allocation this
 // also spreads the kernel's page zeroing (first touch) over the cores.
@@ -146,8 +150,7 @@ void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size
   gelu_backward(f(dinp), f(inp), f(dout), n);
 }
 std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {
-  const std::size_t rows = std::size_t(B) * std::size_t(NH) * std::size_t(T);
-  return (blocked_attention_ ? rows : rows * std::size_t(T)) * sizeof(float);
+  return ops::attention_state_bytes(blocked_attention_, DType::F32, B, T, NH);
 }
 void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH) {
   if (blocked_attention_)

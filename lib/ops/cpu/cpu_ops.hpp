@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/memory_tracker.hpp"
 #include "ops/ops.hpp"
 
 namespace pptrain::ops {
@@ -29,6 +30,7 @@ class CpuOps final : public Ops {
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;
   void synchronize() override {}
+  std::size_t peak_memory_bytes() const override { return memory_.peak(); }
   void to_compute(Act* dst, const float* src, std::size_t n) override;
   void to_float(float* dst, const Act* src, std::size_t n) override;
   double sum_squares(const std::vector<Span>& spans) override;
@@ -120,6 +122,7 @@ class CpuOps final : public Ops {
   std::vector<double> dscratch_;
   int threads_;
   bool blocked_attention_;
+  MemoryTracker memory_;  // what allocate() hands out (the scratch above is not counted)
 };
 
 // Rows per block in the causal attention GEMMs: a row block only meets the key

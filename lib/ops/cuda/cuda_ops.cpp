@@ -49,7 +49,7 @@ CudaOps::~CudaOps() {
   // Let queued work finish before its memory and handles go, and free what the caller
   // did not give back; nothing to report from a destructor.
   (void)cudaStreamSynchronize(stream_.get());
-  for (const auto& [p, bytes] : allocations_) (void)cudaFree(p);
+  for (const auto& [p, bytes] : memory_.live()) (void)cudaFree(p);
 }
 
 std::string CudaOps::name() const {
@@ -60,8 +60,7 @@ std::string CudaOps::name() const {
 // ---- Memory ----
 
 void CudaOps::update_peak() {
-  const std::size_t now = allocated_bytes_ + workspace_.bytes() + gemm_.workspace_bytes();
-  peak_bytes_ = std::max(peak_bytes_, now);
+  memory_.note(workspace_.bytes() + gemm_.workspace_bytes());
 }
 
 void* CudaOps::allocate(std::size_t bytes) {
@@ -70,21 +69,16 @@ void* CudaOps::allocate(std::size_t bytes) {
   if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
     (void)cudaGetLastError();
     throw std::runtime_error("CUDA allocation of " + std::to_string(bytes) + " bytes failed on " +
-                             name() + " with " + std::to_string(allocated_bytes_) +
+                             name() + " with " + std::to_string(memory_.held()) +
                              " bytes held: " + cudaGetErrorString(e));
   }
-  allocations_[p] = bytes;
-  allocated_bytes_ += bytes;
-  update_peak();
+  memory_.added(p, bytes, workspace_.bytes() + gemm_.workspace_bytes());
   return p;
 }
 
 void CudaOps::deallocate(void* p) noexcept {
   if (p == nullptr) return;
-  if (auto it = allocations_.find(p); it != allocations_.end()) {
-    allocated_bytes_ -= it->second;
-    allocations_.erase(it);
-  }
+  memory_.removed(p);
   (void)cudaFree(p);  // synchronises the device first: queued work may still use p
 }
 

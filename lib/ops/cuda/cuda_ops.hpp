@@ -16,6 +16,7 @@
 #include "ops/cuda/cuda_raii.hpp"
 #include "ops/cuda/gemm.hpp"
 #include "ops/cuda/kernels.hpp"
+#include "ops/memory_tracker.hpp"
 #include "ops/ops.hpp"
 
 namespace pptrain::ops {
@@ -54,7 +55,7 @@ class CudaOps final : public Ops {
   void fill_zero(void* dst, std::size_t bytes) override;
   void synchronize() override;
   void* native_stream() override { return stream_.get(); }
-  std::size_t peak_memory_bytes() const override { return peak_bytes_; }
+  std::size_t peak_memory_bytes() const override { return memory_.peak(); }
   std::string device_model() const override { return device_model_; }
 
   void to_compute(Act* dst, const float* src, std::size_t n) override;
@@ -141,9 +142,7 @@ class CudaOps final : public Ops {
   cuda::Stream stream_;
   cuda::Gemm gemm_;
   cuda::DeviceMemory workspace_;
-  std::unordered_map<void*, std::size_t> allocations_;
-  std::size_t allocated_bytes_ = 0;
-  std::size_t peak_bytes_ = 0;
+  MemoryTracker memory_;
 };
 
 }  // namespace pptrain::ops

@@ -49,8 +49,7 @@ cuda::GemmProblem head_product(bool trans_a, bool trans_b, int M, int N, int K, 
 }  // namespace
 
 std::size_t CudaOps::attention_state_bytes(int B, int T, int NH) const {
-  if (flash_active()) return std::size_t(B) * NH * T * sizeof(float);
-  return std::size_t(B) * NH * T * T * dtype_size(dtype_);
+  return ops::attention_state_bytes(flash_active(), dtype_, B, T, NH);
 }
 
 void CudaOps::attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T,

@@ -1,0 +1,114 @@
+// The one table of every per-micro-batch buffer the GPT model keeps: its size, which
+// pass writes it, which passes read it, and where it lives between them once
+// recomputation, sequence parallelism and the schedule's weight-gradient timing are
+// applied. GptModel allocates from it, check-config predicts memory from it and prints
+// it; nothing else lists the buffers.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace pptrain {
+
+enum class Recompute { None, Selective, Full };
+// "none" | "selective" | "full"; std::invalid_argument otherwise.
+Recompute parse_recompute(const std::string& name);
+const char* recompute_name(Recompute mode);
+
+// What the model keeps and what it recomputes or shards.
+struct ActivationPolicy {
+  Recompute recompute = Recompute::None;
+  int recompute_layers = 0;        // the first N layers of each chunk; 0: all of them
+  // LayerNorm/residual regions split over the tp group (the table sizes it; the model
+  // does not run it yet and refuses it).
+  bool sequence_parallel = false;
+  // W runs right after B for every micro-batch (gpipe, 1f1b, interleaved): layers that
+  // are fully recomputed then run B and W together, layer by layer, from one workspace.
+  bool weight_follows_input = true;
+
+  Recompute mode_of(int local_layer) const {
+    return recompute_layers == 0 || local_layer < recompute_layers ? recompute : Recompute::None;
+  }
+};
+
+// Where a buffer lives between the passes of one micro-batch's chunk.
+enum class Lifetime {
+  Set,        // written by the forward (or received), kept until the set is released
+  UntilB,     // written by the forward, read by B alone: given back when B ends
+  FromB,      // written by B or by B's recomputation, read by W: from B until released
+  Workspace,  // one copy per model, shared by all micro-batches: scratch, or recomputed
+};
+const char* lifetime_name(Lifetime life);
+
+// The buffers, per layer of a chunk, then per chunk, then the last chunk's head.
+enum class Slot {
+  // per layer
+  x, ln1, ln1_mean, ln1_rstd, ln1_gathered, qkv, att_state, atty, partial, res2, ln2, ln2_mean,
+  ln2_rstd, ln2_gathered, fch, fch_gelu, dres2, dfch, dln2, dqkv, dln1, dx, recomputed_out,
+  // per chunk
+  tokens, targets, output, output_grad, input_grad, boundary_gathered,
+  // last chunk
+  lnf, lnf_mean, lnf_rstd, logits, losses, dlnf, ce_max, ce_stats,
+  count
+};
+constexpr int kSlots = int(Slot::count);
+constexpr int kLayerSlots = int(Slot::tokens);
+inline bool is_layer_slot(Slot s) { return int(s) < kLayerSlots; }
+
+// Sizes the table is evaluated at: one micro-batch of one rank's tensor-parallel shard.
+struct ActivationShape {
+  int batch = 1, seq_len = 1, d_model = 1, heads = 1;  // heads: this shard's
+  int tp = 1;
+  int vocab_rows = 1;                 // this shard's rows of the padded vocabulary
+  std::size_t act_bytes = 4;          // element size of the compute dtype
+  std::size_t attention_state_bytes = 0;  // the backend's, for [batch, seq_len, heads]
+};
+
+// One row of the table.
+struct ActivationEntry {
+  Slot slot;
+  const char* name;
+  const char* shape;          // its size, in words: "N x 3C/t"
+  const char* written_by;     // "F", "B", "recv"
+  bool read_by_b, read_by_w;
+  bool sequence_sharded;      // rows split over tp under sequence parallelism
+};
+const std::vector<ActivationEntry>& activation_entries();
+const ActivationEntry& activation_entry(Slot slot);
+
+// Bytes of the slot's buffer (0 when a chunk of this kind has none).
+std::size_t slot_bytes(Slot slot, const ActivationShape& shape, const ActivationPolicy& policy,
+                       bool first_chunk, bool last_chunk);
+// Where the slot lives for a layer run in `mode` (per-chunk slots: mode None).
+Lifetime slot_lifetime(Slot slot, Recompute mode, const ActivationPolicy& policy);
+
+// Offsets of every buffer of one chunk in its parts, 256-byte aligned.
+struct ChunkActivationLayout {
+  struct Where {
+    Lifetime life;
+    std::size_t offset, bytes;
+  };
+  int layers = 0;
+  bool first = false, last = false;
+  std::vector<Where> layer_slots;  // [layer * kLayerSlots + slot]
+  std::vector<Where> chunk_slots;  // [slot - kLayerSlots]
+  // Where the forward of a fully recomputed layer writes the slots B's recomputation
+  // keeps for W (B..W slots written by F): the workspace. [slot]
+  std::vector<Where> forward_scratch;
+  std::size_t part_bytes[4] = {0, 0, 0, 0};  // by Lifetime (Workspace: this chunk's need)
+  const Where& at(int layer, Slot s) const {
+    return is_layer_slot(s) ? layer_slots[std::size_t(layer) * kLayerSlots + std::size_t(s)]
+                            : chunk_slots[std::size_t(s) - kLayerSlots];
+  }
+};
+ChunkActivationLayout chunk_activation_layout(const ActivationShape& shape,
+                                              const ActivationPolicy& policy, int layers,
+                                              bool first, bool last);
+
+// The table as text for check-config: one row per buffer of a middle layer and of the
+// head, with its size in bytes at `shape` and its lifetime under `policy`.
+std::string describe_activation_table(const ActivationShape& shape, const ActivationPolicy& policy);
+
+}  // namespace pptrain

@@ -1,0 +1,149 @@
+// GptModel's activation memory: each chunk's layout from the activation table, the sets,
+// the parts lent between passes, the shared workspace, and the views the passes use.
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+
+namespace pptrain {
+
+ActivationShape GptModel::activation_shape() const {
+  ActivationShape s;
+  s.batch = B_;
+  s.seq_len = T_;
+  s.d_model = C_;
+  s.heads = NHl_;
+  s.tp = part_.tp_size;
+  s.vocab_rows = Vrows_;
+  s.act_bytes = dtype_size(dt_);
+  s.attention_state_bytes = ops_.attention_state_bytes(B_, T_, NHl_);
+  return s;
+}
+
+void GptModel::init_activation_layouts() {
+  const ActivationShape shape = activation_shape();
+  std::size_t workspace = 0;
+  for (const ChunkSpec& c : part_.chunks) {
+    const int n = c.layer_end - c.layer_begin;
+    layouts_.push_back(chunk_activation_layout(shape, policy_, n, c.first, c.last));
+    workspace = std::max(workspace, layouts_.back().part_bytes[int(Lifetime::Workspace)]);
+    bool full = false;
+    for (int i = 0; i < n; ++i) full = full || policy_.mode_of(i) == Recompute::Full;
+    fused_backward_.push_back(full && policy_.weight_follows_input);
+  }
+  workspace_ = ops::Buffer(ops_, workspace);
+  spare_until_b_.resize(part_.chunks.size());
+  spare_from_b_.resize(part_.chunks.size());
+}
+
+std::unique_ptr<GptModel::Activations> GptModel::new_activations(int chunk) const {
+  const ChunkActivationLayout& L = layouts_.at(std::size_t(chunk));
+  auto a = std::make_unique<Activations>();
+  a->chunk = chunk;
+  a->set = ops::Buffer(ops_, L.part_bytes[int(Lifetime::Set)]);
+  if (L.last) a->host_losses.resize(std::size_t(B_) * T_);
+  return a;
+}
+
+void GptModel::lend(Activations& a, Lifetime part) {
+  const std::size_t bytes = layouts_[std::size_t(a.chunk)].part_bytes[int(part)];
+  ops::Buffer& held = part == Lifetime::UntilB ? a.until_b : a.from_b;
+  auto& spare = (part == Lifetime::UntilB ? spare_until_b_ : spare_from_b_)[std::size_t(a.chunk)];
+  if (held.get() || bytes == 0) return;
+  if (spare.empty()) {
+    held = ops::Buffer(ops_, bytes);
+  } else {
+    held = std::move(spare.back());
+    spare.pop_back();
+  }
+}
+
+void GptModel::give_back(Activations& a, Lifetime part) {
+  ops::Buffer& held = part == Lifetime::UntilB ? a.until_b : a.from_b;
+  auto& spare = (part == Lifetime::UntilB ? spare_until_b_ : spare_from_b_)[std::size_t(a.chunk)];
+  if (held.get()) spare.push_back(std::move(held));
+}
+
+void GptModel::release_parts(Activations& a) {
+  give_back(a, Lifetime::UntilB);
+  give_back(a, Lifetime::FromB);
+}
+
+// The slot's buffer for layer `local` of the set's chunk (per-chunk slots ignore it). In
+// the forward, a fully recomputed layer writes its B..W slots into the workspace.
+void* GptModel::slot(Activations& a, int local, Slot s, bool forward) const {
+  const ChunkActivationLayout& L = layouts_[std::size_t(a.chunk)];
+  ChunkActivationLayout::Where w = L.at(local, s);
+  if (forward && w.life == Lifetime::FromB && is_layer_slot(s) &&
+      activation_entry(s).written_by[0] == 'F')
+    w = L.forward_scratch[std::size_t(s)];
+  if (w.bytes == 0) return nullptr;
+  const ops::Buffer* part = nullptr;
+  switch (w.life) {
+    case Lifetime::Set: part = &a.set; break;
+    case Lifetime::UntilB: part = &a.until_b; break;
+    case Lifetime::FromB: part = &a.from_b; break;
+    case Lifetime::Workspace: part = &workspace_; break;
+  }
+  PPTRAIN_CHECK(part->get() != nullptr, std::string("activation part of '") +
+                                            activation_entry(s).name + "' is not held");
+  return static_cast<std::byte*>(part->get()) + w.offset;
+}
+
+GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const {
+  const ChunkActivationLayout& L = layouts_[std::size_t(a.chunk)];
+  const int n = L.layers;
+  const bool forward = pass == Pass::Forward;
+  // The forward sees no gradient slots (their part is lent from B on), W none of the
+  // slots B alone reads (their part went back when B ended).
+  auto visible = [&](Slot s) {
+    if (forward) return activation_entry(s).written_by[0] == 'F';
+    return pass != Pass::Weight || L.at(i, s).life != Lifetime::UntilB;
+  };
+  auto A = [&](Slot s) {
+    return visible(s) ? static_cast<ops::Act*>(slot(a, i, s, forward)) : nullptr;
+  };
+  auto F = [&](Slot s) { return static_cast<float*>(slot(a, i, s, forward)); };
+  LayerView v{};
+  v.x = A(Slot::x);
+  v.out = i + 1 < n ? static_cast<ops::Act*>(slot(a, i + 1, Slot::x)) : act(a, Slot::output);
+  if (!forward) {
+    v.dx = i == 0 ? act(a, Slot::input_grad) : A(Slot::dx);
+    v.dout = i + 1 < n ? static_cast<ops::Act*>(slot(a, i + 1, Slot::dx)) : act(a, Slot::output_grad);
+  }
+  v.ln1 = A(Slot::ln1);
+  v.ln1_gathered = A(Slot::ln1_gathered);
+  v.qkv = A(Slot::qkv);
+  v.atty = A(Slot::atty);
+  v.partial = A(Slot::partial);
+  v.res2 = A(Slot::res2);
+  v.ln2 = A(Slot::ln2);
+  v.ln2_gathered = A(Slot::ln2_gathered);
+  v.fch = A(Slot::fch);
+  v.fch_gelu = A(Slot::fch_gelu);
+  v.dres2 = A(Slot::dres2);
+  v.dfch = A(Slot::dfch);
+  v.dln2 = A(Slot::dln2);
+  v.dqkv = A(Slot::dqkv);
+  v.dln1 = A(Slot::dln1);
+  v.recomputed_out = A(Slot::recomputed_out);
+  v.ln1_mean = F(Slot::ln1_mean);
+  v.ln1_rstd = F(Slot::ln1_rstd);
+  v.ln2_mean = F(Slot::ln2_mean);
+  v.ln2_rstd = F(Slot::ln2_rstd);
+  v.att_state = visible(Slot::att_state) ? slot(a, i, Slot::att_state, forward) : nullptr;
+  return v;
+}
+
+std::size_t GptModel::boundary_bytes() const {
+  return activation_layout(0).at(0, Slot::output).bytes;
+}
+
+ops::Act* GptModel::input_buffer(Activations& a) const {
+  return static_cast<ops::Act*>(slot(a, 0, Slot::x));
+}
+ops::Act* GptModel::output(Activations& a) const { return act(a, Slot::output); }
+ops::Act* GptModel::output_grad(Activations& a) const { return act(a, Slot::output_grad); }
+ops::Act* GptModel::input_grad(Activations& a) const { return act(a, Slot::input_grad); }
+
+}  // namespace pptrain

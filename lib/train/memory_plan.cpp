@@ -1,0 +1,96 @@
+#include "train/memory_plan.hpp"
+
+#include "model/activation_table.hpp"
+#include "model/param_layout.hpp"
+#include "ops/ops.hpp"
+#include "pipeline/executor.hpp"
+#include "train/session.hpp"
+
+namespace pptrain {
+
+ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
+  ActivationShape shape;
+  shape.batch = c.parallel.micro_batch_size;
+  shape.seq_len = c.model.seq_len;
+  shape.d_model = c.model.d_model;
+  shape.heads = c.model.n_head / c.parallel.tp;
+  shape.tp = c.parallel.tp;
+  shape.vocab_rows = vocab_rows_per_shard(c.model, c.parallel.tp);
+  shape.act_bytes = dtype_size(be.compute);
+  shape.attention_state_bytes = ops::attention_state_bytes(
+      be.logsumexp_attention, be.compute, shape.batch, shape.seq_len, shape.heads);
+  return shape;
+}
+
+RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const ModelPartition part =
+      pipeline_partition(m, placement_of(c), stage, p.tp, tp_rank, p.layers_per_stage);
+  const double total = double(gpt_param_layout(m, part).total_floats());
+  RankMemory r;
+  r.stage = stage;
+  r.tp_rank = tp_rank;
+  r.weights = r.gradients = 4 * total;
+  if (be.compute != DType::F32) r.weight_copy = total * double(dtype_size(be.compute));
+  if (p.zero == 1 && p.dp > 1) {
+    const double shard = double((std::size_t(total) + std::size_t(p.dp) - 1) / std::size_t(p.dp));
+    r.optimizer = 2 * 4 * shard;
+    r.zero_buffers = 4 * shard * (p.dp + 1);
+    if (!c.checkpoint.dir.empty()) r.checkpoint_gather = 4 * total;
+  } else {
+    r.optimizer = 2 * 4 * total;
+  }
+  // The activation table at this rank's shapes, through this rank's steps.
+  const ActivationShape shape = activation_shape(c, be);
+  const ActivationPolicy policy = activation_policy(c);
+  std::vector<ChunkActivationLayout> layouts;
+  std::vector<bool> fused;
+  for (const ChunkSpec& ch : part.chunks) {
+    const int n = ch.layer_end - ch.layer_begin;
+    layouts.push_back(chunk_activation_layout(shape, policy, n, ch.first, ch.last));
+    bool full = false;
+    for (int i = 0; i < n; ++i) full = full || policy.mode_of(i) == Recompute::Full;
+    fused.push_back(full && policy.weight_follows_input);
+  }
+  const ScheduleKind kind = parse_schedule(p.schedule);
+  const bool device = be.compute != DType::F32 || c.device == "cuda";
+  // A set is freed once its sends have completed, and a send that rendezvouses completes
+  // when its consumer posts the receive: the grouped batching gives each message the
+  // round its consumer starts in. With sends in the background the rank holds what both
+  // orders hold.
+  auto peaks_in = [&](MessageMode mode) {
+    return activation_peaks(build_steps(kind, p.pp, stage, p.micro_batches, p.virtual_stages,
+                                        mode, planned_costs(c)),
+                            placement_of(c), stage, fused);
+  };
+  ActivationPeaks peaks = peaks_in(MessageMode::Grouped);
+  if (message_mode(c, device) == MessageMode::AsyncSends) {
+    const ActivationPeaks async = peaks_in(MessageMode::AsyncSends);
+    for (std::size_t k = 0; k < peaks.sets.size(); ++k) {
+      peaks.sets[k] = std::max(peaks.sets[k], async.sets[k]);
+      peaks.until_b[k] = std::max(peaks.until_b[k], async.until_b[k]);
+      peaks.from_b[k] = std::max(peaks.from_b[k], async.from_b[k]);
+    }
+  }
+  for (std::size_t k = 0; k < layouts.size(); ++k) {
+    const auto& bytes = layouts[k].part_bytes;
+    r.activations += double(peaks.sets[k]) * double(bytes[int(Lifetime::Set)]) +
+                     double(peaks.until_b[k]) * double(bytes[int(Lifetime::UntilB)]) +
+                     double(peaks.from_b[k]) * double(bytes[int(Lifetime::FromB)]);
+    r.workspace = std::max(r.workspace, double(bytes[int(Lifetime::Workspace)]));
+  }
+  return r;
+}
+
+// Tensor-parallel ranks hold equal shards (the vocabulary is padded to split evenly).
+RankMemory predict_peak_memory(const Config& c, const BackendTraits& be) {
+  RankMemory heaviest;
+  for (int stage = 0; stage < c.parallel.pp; ++stage) {
+    const RankMemory r = predict_rank_memory(c, stage, 0, be);
+    if (r.total() > heaviest.total()) heaviest = r;
+  }
+  return heaviest;
+}
+
+}  // namespace pptrain

@@ -1,0 +1,41 @@
+// The predicted peak of backend memory per rank, from the parameter layout, the
+// optimizer's sharding and the activation table walked through the rank's own schedule
+// steps: what `check-config` prints and what the measured `peak_memory_mib` is held to.
+#pragma once
+#include "config/config.hpp"
+#include "core/dtype.hpp"
+#include "model/activation_table.hpp"
+
+namespace pptrain {
+
+// What the backend of the run keeps per activation: its compute dtype, and whether its
+// attention saves one log-sum-exp per row instead of the probabilities.
+struct BackendTraits {
+  DType compute = DType::F32;
+  bool logsumexp_attention = false;
+};
+
+// Bytes, by what holds them.
+struct RankMemory {
+  int stage = 0, tp_rank = 0;
+  double weights = 0, gradients = 0, weight_copy = 0, optimizer = 0;
+  double zero_buffers = 0;       // ZeRO-1's padded gradient and shard buffers
+  double checkpoint_gather = 0;  // ZeRO-1: the whole moment gathered while saving
+  double activations = 0;        // the sets and lent parts at their schedule peaks
+  double workspace = 0;          // the model's shared activation workspace
+  double total() const {
+    return weights + gradients + weight_copy + optimizer + zero_buffers + checkpoint_gather +
+           activations + workspace;
+  }
+};
+
+// The activation table's sizes for one micro-batch of a tensor-parallel shard.
+ActivationShape activation_shape(const Config& config, const BackendTraits& backend);
+
+// Data-parallel rank 0 of (stage, tp_rank).
+RankMemory predict_rank_memory(const Config& config, int stage, int tp_rank,
+                               const BackendTraits& backend);
+// The heaviest rank's.
+RankMemory predict_peak_memory(const Config& config, const BackendTraits& backend);
+
+}  // namespace pptrain

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The predicted peak memory is the measured one.
+
+For each layout and recomputation mode below, runs `pptrain check-config --json` for the
+predicted peak of the heaviest rank (predicted_peak_memory_mib) and trains a few steps
+for the measured one (peak_memory_mib: the CPU backend's own count of what it allocated,
+max over ranks and steps), and fails when they differ by more than 5%. Prints the table
+docs/performance.md records. Open MPI's eager limits are forced down, as in the layout
+tests, so that sends complete only when received.
+Usage: memory_plan.py PPTRAIN CONFIG WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+TOLERANCE = 0.05
+# The model: 8 layers of d_model 128 at seq_len 128, 4 sequences per micro-batch; the
+# activations of one micro-batch (about 40 MiB unfused) weigh as much as the weights,
+# gradients and optimizer state together (about 26 MiB).
+MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_len=128",
+         "model.vocab_size=256", "parallel.micro_batch_size=4", "train.steps=3",
+         "train.threads=1", "train.eval_every=0", "logging.every=1", "checkpoint.dir=",
+         "parallel.comm_timeout_s=60"]
+# name: (tp, pp, dp, micro_batches, overrides)
+CASES = {
+    "pp1_none": (1, 1, 1, 4, []),
+    "pp1_selective": (1, 1, 1, 4, ["train.recompute=selective"]),
+    "pp1_full": (1, 1, 1, 4, ["train.recompute=full"]),
+    "pp2_1f1b_none": (1, 2, 1, 4, []),
+    "pp2_1f1b_selective": (1, 2, 1, 4, ["train.recompute=selective"]),
+    "pp2_1f1b_full": (1, 2, 1, 4, ["train.recompute=full"]),
+    "pp2_1f1b_full_2layers": (1, 2, 1, 4, ["train.recompute=full", "train.recompute_layers=2"]),
+    "pp2_zb_h1_none": (1, 2, 1, 4, ["parallel.schedule=zb-h1"]),
+    "pp2_zb_h1_full": (1, 2, 1, 4, ["parallel.schedule=zb-h1", "train.recompute=full"]),
+    "pp4_1f1b_none": (1, 4, 1, 4, []),
+    "pp4_zb_h1_selective": (1, 4, 1, 4, ["parallel.schedule=zb-h1", "train.recompute=selective"]),
+    "pp4_interleaved_none": (1, 4, 1, 4, ["parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2"]),
+    "pp4_interleaved_full": (1, 4, 1, 4, ["parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "train.recompute=full"]),
+    "tp2_pp2_selective": (2, 2, 1, 4, ["train.recompute=selective"]),
+    "dp2_zero1_full": (1, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
+}
+RENDEZVOUS_ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096",
+                      OMPI_MCA_btl_self_eager_limit="4096")
+
+
+def settings(tp, pp, dp, mb, overrides):
+    return MODEL + overrides + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+                                f"parallel.micro_batches={mb}"]
+
+
+def command(pptrain, config, sets):
+    args = [pptrain] + (["check-config", "--json"] if sets[0] == "plan" else []) + ["--config", config]
+    for s in sets[1:]:
+        args += ["--set", s]
+    return args
+
+
+def main():
+    pptrain, config, work = sys.argv[1:4]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    failures = []
+    print(f"{'layout':24} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7}")
+    for name, (tp, pp, dp, mb, overrides) in CASES.items():
+        sets = settings(tp, pp, dp, mb, overrides)
+        plan = subprocess.run(command(pptrain, config, ["plan"] + sets), capture_output=True,
+                              text=True, timeout=120)
+        if plan.returncode != 0:
+            sys.exit(f"{name}: check-config exited {plan.returncode}\n{plan.stderr}")
+        predicted = json.loads(plan.stdout)["predicted_peak_memory_mib"]
+        metrics = os.path.join(work, name + ".jsonl")
+        out = subprocess.run(command(pptrain, config, ["train"] + sets + [f"logging.metrics={metrics}"]),
+                             capture_output=True, text=True, timeout=300, env=RENDEZVOUS_ENV)
+        if out.returncode != 0:
+            sys.exit(f"{name}: pptrain exited {out.returncode}\n{out.stdout}\n{out.stderr}")
+        with open(metrics) as f:
+            measured = max(json.loads(line)["peak_memory_mib"] for line in f)
+        error = (predicted - measured) / measured
+        ok = abs(error) <= TOLERANCE
+        print(f"{name:24} {predicted:14.2f} {measured:13.2f} {error:+7.1%} {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(name)
+    if failures:
+        sys.exit("predicted and measured peak memory differ by more than 5%: " + ", ".join(failures))
+    print(f"{len(CASES)} passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
