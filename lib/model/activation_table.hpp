@@ -31,6 +31,11 @@ struct ActivationPolicy {
   Recompute mode_of(int local_layer) const {
     return recompute_layers == 0 || local_layer < recompute_layers ? recompute : Recompute::None;
   }
+  // Whether a chunk of `layers` layers runs each layer's W inside its B (it has fully
+  // recomputed layers and W follows B).
+  bool fused_backward(int layers) const {
+    return weight_follows_input && layers > 0 && mode_of(0) == Recompute::Full;
+  }
 };
 
 // Where a buffer lives between the passes of one micro-batch's chunk.

@@ -27,9 +27,7 @@ void GptModel::init_activation_layouts() {
     const int n = c.layer_end - c.layer_begin;
     layouts_.push_back(chunk_activation_layout(shape, policy_, n, c.first, c.last));
     workspace = std::max(workspace, layouts_.back().part_bytes[int(Lifetime::Workspace)]);
-    bool full = false;
-    for (int i = 0; i < n; ++i) full = full || policy_.mode_of(i) == Recompute::Full;
-    fused_backward_.push_back(full && policy_.weight_follows_input);
+    fused_backward_.push_back(policy_.fused_backward(n));
   }
   workspace_ = ops::Buffer(ops_, workspace);
   spare_until_b_.resize(part_.chunks.size());

@@ -49,9 +49,7 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
   for (const ChunkSpec& ch : part.chunks) {
     const int n = ch.layer_end - ch.layer_begin;
     layouts.push_back(chunk_activation_layout(shape, policy, n, ch.first, ch.last));
-    bool full = false;
-    for (int i = 0; i < n; ++i) full = full || policy.mode_of(i) == Recompute::Full;
-    fused.push_back(full && policy.weight_follows_input);
+    fused.push_back(policy.fused_backward(n));
   }
   const ScheduleKind kind = parse_schedule(p.schedule);
   const bool device = be.compute != DType::F32 || c.device == "cuda";
