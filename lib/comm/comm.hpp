@@ -42,12 +42,19 @@ class Group {
   virtual void all_reduce(double* data, std::size_t n, ReduceOp op) = 0;
   // Sum of an array of `dtype` (activations: bf16 on CUDA; MPI takes fp32 only).
   virtual void all_reduce(void* data, std::size_t n, DType dtype) = 0;
-  // Sum; send holds size() * recv_count values, this rank keeps block rank(). send may
-  // equal recv (in place: the input is read from recv).
-  virtual void reduce_scatter(const float* send, float* recv, std::size_t recv_count) = 0;
-  // recv gets size() * send_count values, block r from group rank r. send may point at
-  // this rank's own block of recv (in place).
-  virtual void all_gather(const float* send, float* recv, std::size_t send_count) = 0;
+  // Sum; send holds size() * recv_count values of `dtype`, this rank keeps block rank().
+  // send may equal recv (in place: the input is read from recv). MPI sums fp32 only.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                              DType dtype) = 0;
+  // recv gets size() * send_count values of `dtype`, block r from group rank r. send may
+  // point at this rank's own block of recv (in place).
+  virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) = 0;
+  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) {
+    reduce_scatter(send, recv, recv_count, DType::F32);
+  }
+  void all_gather(const float* send, float* recv, std::size_t send_count) {
+    all_gather(send, recv, send_count, DType::F32);
+  }
   virtual void broadcast(float* data, std::size_t n, int root) = 0;  // root: group rank
   // Non-blocking all-reduce (sum) for gradient buckets: start now, wait later. data must
   // stay alive and untouched until wait() returns.

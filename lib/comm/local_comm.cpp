@@ -28,11 +28,12 @@ class LocalGroup final : public Group {
   void all_reduce(float*, std::size_t, ReduceOp) override {}
   void all_reduce(void*, std::size_t, DType) override {}
   void all_reduce(double*, std::size_t, ReduceOp) override {}
-  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
-    if (send != recv) std::copy_n(send, recv_count, recv);
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                      DType dtype) override {
+    if (send != recv) std::memcpy(recv, send, recv_count * dtype_size(dtype));
   }
-  void all_gather(const float* send, float* recv, std::size_t send_count) override {
-    if (send != recv) std::copy_n(send, send_count, recv);
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override {
+    if (send != recv) std::memcpy(recv, send, send_count * dtype_size(dtype));
   }
   void broadcast(float*, std::size_t, int root) override {
     PPTRAIN_CHECK(root == 0, "broadcast on " + name_ + ": root " + std::to_string(root) +

@@ -1,5 +1,6 @@
 // Collectives of one MPI communicator: each is started non-blocking and waited under
 // the watchdog (mpi_wait.cpp), so a missing member ends the job with a message.
+#include <cstddef>
 #include <stdexcept>
 #include <utility>
 
@@ -46,19 +47,28 @@ class MpiGroup final : public Group {
                                dtype_name(dtype));
     all_reduce(static_cast<float*>(data), n, ReduceOp::Sum);
   }
-  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                      DType dtype) override {
+    if (dtype != DType::F32)
+      throw std::runtime_error(name_ + ": MPI reduce_scatter takes fp32 arrays only, not " +
+                               dtype_name(dtype));
     const void* in = send == recv ? MPI_IN_PLACE : send;
     run("reduce_scatter", "MPI_Ireduce_scatter_block", [&](MPI_Request* r) {
       return MPI_Ireduce_scatter_block(in, recv, mpi_count(recv_count, "reduce_scatter"),
                                        MPI_FLOAT, MPI_SUM, comm_, r);
     });
   }
-  void all_gather(const float* send, float* recv, std::size_t send_count) override {
-    const int count = mpi_count(send_count, "all_gather");
-    const void* in = send == recv + static_cast<std::size_t>(rank_) * send_count
-                         ? MPI_IN_PLACE : send;
+  // A gather moves bytes: any dtype, as MPI_BYTE when it is not fp32.
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override {
+    const bool f32 = dtype == DType::F32;
+    const std::size_t elems = f32 ? send_count : send_count * dtype_size(dtype);
+    const MPI_Datatype type = f32 ? MPI_FLOAT : MPI_BYTE;
+    const int count = mpi_count(elems, "all_gather");
+    const void* mine = static_cast<const std::byte*>(recv) +
+                       static_cast<std::size_t>(rank_) * send_count * dtype_size(dtype);
+    const void* in = send == mine ? MPI_IN_PLACE : send;
     run("all_gather", "MPI_Iallgather", [&](MPI_Request* r) {
-      return MPI_Iallgather(in, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm_, r);
+      return MPI_Iallgather(in, count, type, recv, count, type, comm_, r);
     });
   }
   void broadcast(float* data, std::size_t n, int root) override {

@@ -3,6 +3,7 @@
 // host does not wait. all_reduce_start runs on the context's own stream instead, so
 // gradient reduction overlaps the backward pass, and its wait() is watched.
 #include <algorithm>
+#include <cstddef>
 #include <stdexcept>
 #include <utility>
 
@@ -14,6 +15,7 @@ namespace pptrain::comm::detail {
 namespace {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+ncclDataType_t nccl_type(DType dtype) { return dtype == DType::F32 ? ncclFloat32 : ncclBfloat16; }
 
 class NcclGroup final : public Group {
  public:
@@ -43,32 +45,33 @@ class NcclGroup final : public Group {
   }
   void all_reduce(void* data, std::size_t n, DType dtype) override {
     if (n == 0) return;
-    const ncclDataType_t type = dtype == DType::F32 ? ncclFloat32 : ncclBfloat16;
-    ctx_->check(ncclAllReduce(data, data, n, type, ncclSum, comm_, stream()), "ncclAllReduce",
+    ctx_->check(ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, comm_, stream()), "ncclAllReduce",
                 info("all_reduce"));
   }
-  void reduce_scatter(const float* send, float* recv, std::size_t recv_count) override {
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                      DType dtype) override {
     if (recv_count == 0) return;
+    const ncclDataType_t type = nccl_type(dtype);
     if (send != recv) {
-      ctx_->check(ncclReduceScatter(send, recv, recv_count, ncclFloat32, ncclSum, comm_, stream()),
+      ctx_->check(ncclReduceScatter(send, recv, recv_count, type, ncclSum, comm_, stream()),
                   "ncclReduceScatter", info("reduce_scatter"));
       return;
     }
     // In place, as MPI: the input is recv and the result goes to its front. NCCL's
     // in-place form leaves this rank's block at its own offset, so it moves afterwards
     // (the two ranges are disjoint for rank > 0).
-    float* mine = recv + static_cast<std::size_t>(rank_) * recv_count;
-    ctx_->check(ncclReduceScatter(recv, mine, recv_count, ncclFloat32, ncclSum, comm_, stream()),
+    const std::size_t bytes = recv_count * dtype_size(dtype);
+    void* mine = static_cast<std::byte*>(recv) + static_cast<std::size_t>(rank_) * bytes;
+    ctx_->check(ncclReduceScatter(recv, mine, recv_count, type, ncclSum, comm_, stream()),
                 "ncclReduceScatter", info("reduce_scatter"));
     if (rank_ != 0)
-      ctx_->check(cudaMemcpyAsync(recv, mine, recv_count * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, stream()),
+      ctx_->check(cudaMemcpyAsync(recv, mine, bytes, cudaMemcpyDeviceToDevice, stream()),
                   "cudaMemcpyAsync", info("reduce_scatter"));
   }
-  void all_gather(const float* send, float* recv, std::size_t send_count) override {
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype) override {
     if (send_count == 0) return;
     // send == this rank's block of recv is NCCL's in-place form too.
-    ctx_->check(ncclAllGather(send, recv, send_count, ncclFloat32, comm_, stream()),
+    ctx_->check(ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream()),
                 "ncclAllGather", info("all_gather"));
   }
   void broadcast(float* data, std::size_t n, int root) override {

@@ -26,6 +26,8 @@ struct ParallelConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
   int virtual_stages = 1;
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
+  // LayerNorm and residual regions split over the tp group along the token rows.
+  bool sequence_parallel = false;
   std::vector<int> layers_per_stage;  // layers of each virtual stage; empty: even split
   // Relative forward, backward-input and backward-weight times that zb-v plans its order
   // with (and the theoretical bubble is simulated at).

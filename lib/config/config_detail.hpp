@@ -16,7 +16,7 @@ class Node;
 namespace pptrain::config_detail {
 
 // A pointer to the Config member a key decodes into; its type selects the decoder.
-using FieldRef = std::variant<int*, uint64_t*, double*, std::string*, std::vector<int>*,
+using FieldRef = std::variant<bool*, int*, uint64_t*, double*, std::string*, std::vector<int>*,
                               std::vector<double>*>;
 
 // One known key. `section` is empty for top-level scalars (only `device`).

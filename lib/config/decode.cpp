@@ -1,5 +1,6 @@
 // Converting between the YAML tree and Config: strict scalar decoding (no silent
-// float-to-int, string-to-number or bool-to-number conversions) and to_yaml.
+// float-to-int, string-to-number, bool-to-number or number-to-bool conversions) and
+// to_yaml.
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -53,6 +54,13 @@ class Decoder {
     return node.Scalar();
   }
 
+  // YAML 1.2's core booleans only: true or false (no yes/no/on/off, no 0/1).
+  void decode(const std::string& key, const YAML::Node& node, bool& out) {
+    const std::string& text = number_text(key, node, "true or false");
+    if (text == "true" || text == "True" || text == "TRUE") out = true;
+    else if (text == "false" || text == "False" || text == "FALSE") out = false;
+    else wrong(key, node, "true or false");
+  }
   void decode(const std::string& key, const YAML::Node& node, int& out) {
     long long v = 0;
     if (!parse_number(number_text(key, node, "an integer"), v)) wrong(key, node, "an integer");
@@ -156,7 +164,9 @@ std::string to_yaml(const Config& config) {
     std::visit(
         [&](auto* v) {
           using T = std::remove_pointer_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, std::string>) {
+          if constexpr (std::is_same_v<T, bool>) {
+            out << (*v ? "true" : "false");
+          } else if constexpr (std::is_same_v<T, std::string>) {
             out << YAML::DoubleQuoted << *v;
           } else if constexpr (std::is_same_v<T, double>) {
             out << format_double(*v);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <sstream>
 #include <string>
@@ -134,6 +135,15 @@ void validate_layout(const Config& c, const Rules& r) {
   for (double t : p.schedule_costs)
     if (!(std::isfinite(t) && t > 0))
       r.fail("parallel.schedule_costs", "entries must be finite and > 0 (got " + num(t) + ")");
+  if (p.sequence_parallel && p.tp == 1)
+    r.fail("parallel.sequence_parallel", "true needs parallel.tp > 1 (it splits the tensor-parallel "
+                                         "group's LayerNorm and residual rows)");
+  else if (p.sequence_parallel &&
+           (int64_t(p.micro_batch_size) * c.model.seq_len) % p.tp != 0)
+    r.fail("parallel.sequence_parallel",
+           "true needs micro_batch_size * model.seq_len divisible by parallel.tp (got " +
+               std::to_string(p.micro_batch_size) + " * " + std::to_string(c.model.seq_len) +
+               " token rows, tp=" + std::to_string(p.tp) + ")");
   if (p.zero == 1 && p.dp == 1)
     r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
   if (!(p.comm_timeout_s > 0))

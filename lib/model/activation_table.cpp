@@ -67,7 +67,9 @@ const Row kRows[] = {
   {{Slot::ln2_gathered,   "ln2_gathered",   "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
   {{Slot::fch,            "fch",            "N x 4C/t",           "F",    true,  false, false}, Width::Cl4, Elem::Act, false, false},
   {{Slot::fch_gelu,       "fch_gelu",       "N x 4C/t",           "F",    false, true,  false}, Width::Cl4, Elem::Act, false, false},
+  {{Slot::dout_gathered,  "dout_gathered",  "N x C (SP)",         "B",    true,  true,  false}, Width::C,   Elem::Act, true,  false},
   {{Slot::dres2,          "dres2",          "N x C",              "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
+  {{Slot::dres2_gathered, "dres2_gathered", "N x C (SP)",         "B",    true,  true,  false}, Width::C,   Elem::Act, true,  false},
   {{Slot::dfch,           "dfch",           "N x 4C/t",           "B",    false, true,  false}, Width::Cl4, Elem::Act, false, false},
   {{Slot::dln2,           "dln2",           "N x C",              "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::dqkv,           "dqkv",           "N x 3C/t",           "B",    false, true,  false}, Width::Cl3, Elem::Act, false, false},
@@ -79,8 +81,8 @@ const Row kRows[] = {
   {{Slot::output,         "output",         "N x C",              "F",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::output_grad,    "output_grad",    "N x C",              "recv", true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::input_grad,     "input_grad",     "N x C",              "B",    false, true,  true }, Width::C,   Elem::Act, false, false},
-  {{Slot::boundary_gathered, "boundary_gathered", "N x C (SP)",   "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
-  {{Slot::lnf,            "lnf",            "N x C (last)",       "F",    false, true,  true }, Width::C,   Elem::Act, false, false},
+  {{Slot::sp_scratch,     "sp_scratch",     "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
+  {{Slot::lnf,            "lnf",            "N x C (last)",       "F",    false, true,  false}, Width::C,   Elem::Act, false, false},
   {{Slot::lnf_mean,       "lnf_mean",       "N fp32 (last)",      "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
   {{Slot::lnf_rstd,       "lnf_rstd",       "N fp32 (last)",      "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
   {{Slot::logits,         "logits",         "N x Vp/t (last)",    "F",    true,  true,  false}, Width::Vrows, Elem::Act, false, false},
@@ -100,11 +102,12 @@ const Row& row(Slot s) {
 
 bool head_slot(Slot s) { return int(s) >= int(Slot::lnf); }
 
-// Buffers no pass after the forward reads: one copy per model.
+// Scratch, written and read inside one pass (one layer of it for layer slots): one copy
+// per model.
 bool scratch(Slot s) {
   switch (s) {
     case Slot::ln1_gathered: case Slot::ln2_gathered: case Slot::partial:
-    case Slot::recomputed_out: case Slot::boundary_gathered: case Slot::targets:
+    case Slot::recomputed_out: case Slot::sp_scratch: case Slot::targets:
     case Slot::losses: case Slot::ce_max: case Slot::ce_stats:
       return true;
     default:

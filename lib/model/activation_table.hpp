@@ -21,8 +21,7 @@ const char* recompute_name(Recompute mode);
 struct ActivationPolicy {
   Recompute recompute = Recompute::None;
   int recompute_layers = 0;        // the first N layers of each chunk; 0: all of them
-  // LayerNorm/residual regions split over the tp group (the table sizes it; the model
-  // does not run it yet and refuses it).
+  // Sequence parallelism: the LayerNorm and residual regions hold N / tp token rows.
   bool sequence_parallel = false;
   // W runs right after B for every micro-batch (gpipe, 1f1b, interleaved): layers that
   // are fully recomputed then run B and W together, layer by layer, from one workspace.
@@ -51,9 +50,10 @@ const char* lifetime_name(Lifetime life);
 enum class Slot {
   // per layer
   x, ln1, ln1_mean, ln1_rstd, ln1_gathered, qkv, att_state, atty, partial, res2, ln2, ln2_mean,
-  ln2_rstd, ln2_gathered, fch, fch_gelu, dres2, dfch, dln2, dqkv, dln1, dx, recomputed_out,
+  ln2_rstd, ln2_gathered, fch, fch_gelu, dout_gathered, dres2, dres2_gathered, dfch, dln2, dqkv,
+  dln1, dx, recomputed_out,
   // per chunk
-  tokens, targets, output, output_grad, input_grad, boundary_gathered,
+  tokens, targets, output, output_grad, input_grad, sp_scratch,
   // last chunk
   lnf, lnf_mean, lnf_rstd, logits, losses, dlnf, ce_max, ce_stats,
   count

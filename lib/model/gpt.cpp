@@ -1,7 +1,10 @@
 // GPT-2 forward and split backward for the chunks and tensor-parallel shard a rank
-// holds, written against ops::Ops; the tp all-reduces follow Megatron's f/g pairs.
+// holds, written against ops::Ops. LayerNorms, biases after row-parallel linears and
+// residual adds run on the rows this rank holds (all N, or N / tp under sequence
+// parallelism); the linears and attention on all N rows (tp_regions.hpp).
 #include "model/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -31,16 +34,15 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
       vocab_begin_(part.tp_rank * vocab_rows_per_shard(model, part.tp_size)),
       ops_(ops),
       dt_(ops.compute_dtype()),
-      tp_(tp),
+      tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
+          batch * model.seq_len),
       layout_(gpt_param_layout(model, part)),
       params_(ops, layout_.total_floats() * sizeof(float)),
       grads_(ops, layout_.total_floats() * sizeof(float)),
       layer_offsets_(size_t(model.n_layer) * kTensorsPerLayer, SIZE_MAX),
       policy_(policy) {
   PPTRAIN_CHECK(batch >= 1 && C_ % NH_ == 0 && NH_ % part.tp_size == 0, "bad model shape");
-  PPTRAIN_CHECK(part.tp_size == 1 || (tp && tp->size() == part.tp_size), "tp group mismatch");
   PPTRAIN_CHECK(!part_.chunks.empty(), "no chunks");
-  PPTRAIN_CHECK(!policy.sequence_parallel, "sequence parallelism is not implemented yet");
   for (const ChunkSpec& c : part_.chunks)
     for (int l = c.layer_begin; l < c.layer_end; ++l)
       for (int k = 0; k < kTensorsPerLayer; ++k)
@@ -93,10 +95,6 @@ GptModel::LayerTensors<float*> GptModel::layer_grads(int layer) {
           g + o[6], g + o[7], g + o[8], g + o[9], g + o[10], g + o[11]};
 }
 
-void GptModel::all_reduce_tp(ops::Act* data, std::size_t n) {
-  if (part_.tp_size > 1) tp_->all_reduce(data, n, dt_);
-}
-
 void GptModel::zero_grads() { grads_.zero(); }
 
 const std::vector<float>& GptModel::position_losses(const Activations& a) const {
@@ -140,11 +138,29 @@ void GptModel::embed(Activations& a) {
     ops_.embedding_forward(x0, tokens, wte, 0, Vrows_, wpe, B_, T_, C_);
     return;
   }
-  // Vocab-parallel: each shard looks up its own rows, the sum assembles the embedding;
-  // the positions are then added to every sequence (a "bias" of T*C per row of B).
-  ops_.embedding_forward(x0, tokens, wte, vocab_begin_, Vrows_, nullptr, B_, T_, C_);
-  all_reduce_tp(x0, size_t(B_) * T_ * C_);
-  ops_.add_bias(x0, wpe, B_, T_ * C_);
+  // Vocab-parallel: each shard looks up its own rows, the sum over tp assembles the
+  // embedding (of the held rows); the positions are added to those rows after.
+  ops::Act* partial = tp_.partial_target(x0, act(a, Slot::sp_scratch));
+  ops_.embedding_forward(partial, tokens, wte, vocab_begin_, Vrows_, nullptr, B_, T_, C_);
+  tp_.reduce(partial, x0, C_);
+  add_positions(x0);
+}
+
+// x (the held rows) += wpe[position of each row], one add_bias per run of consecutive
+// positions: whole sequences in one call, a partial sequence at either end.
+void GptModel::add_positions(ops::Act* x) {
+  const ops::Act* wpe = weight("transformer.wpe.weight");
+  const int begin = tp_.first_row(), end = begin + tp_.rows_held();
+  int row = begin;
+  while (row < end) {
+    const int pos = row % T_;
+    const int whole = pos == 0 ? (end - row) / T_ : 0;  // whole sequences from here
+    const int rows = whole > 0 ? whole * T_ : std::min(T_ - pos, end - row);
+    ops::Act* at = ops::advance(x, size_t(row - begin) * C_, dt_);
+    if (whole > 0) ops_.add_bias(at, wpe, whole, T_ * C_);
+    else ops_.add_bias(at, ops::advance(wpe, size_t(pos) * C_, dt_), 1, rows * C_);
+    row += rows;
+  }
 }
 
 float GptModel::head_forward(Activations& a, float loss_scale) {
@@ -154,8 +170,12 @@ float GptModel::head_forward(Activations& a, float loss_scale) {
   float *losses = f32(a, Slot::losses), *ce_max = f32(a, Slot::ce_max);
   float* ce_stats = f32(a, Slot::ce_stats);
   const int32_t* targets = static_cast<const int32_t*>(slot(a, 0, Slot::targets));
-  ops_.layernorm_forward(lnf, f32(a, Slot::lnf_mean), f32(a, Slot::lnf_rstd), output(a),
-                         weight("transformer.ln_f.weight"), weight("transformer.ln_f.bias"), N, C_);
+  // The final LayerNorm writes its rows into their place in lnf, gathered there in place.
+  ops::Act* lnf_held = ops::advance(lnf, size_t(tp_.first_row()) * C_, dt_);
+  ops_.layernorm_forward(lnf_held, f32(a, Slot::lnf_mean), f32(a, Slot::lnf_rstd), output(a),
+                         weight("transformer.ln_f.weight"), weight("transformer.ln_f.bias"),
+                         tp_.rows_held(), C_);
+  tp_.gather(lnf_held, lnf, C_);
   // Tied head: logits[N, Vrows] = lnf[N,C] @ wte_shard[Vrows,C]^T.
   ops_.gemm(false, true, N, Vrows_, C_, 1.0f, lnf, wte, 0.0f, logits);
   // With a loss scale the cross-entropy also turns the logits into dlogits in place.
@@ -165,9 +185,9 @@ float GptModel::head_forward(Activations& a, float loss_scale) {
     ops_.cross_entropy(losses, dlogits, logits, targets, N, V, Vrows_, dloss);
   } else {  // vocab-parallel: full logits are never gathered
     ops_.ce_row_max(ce_max, logits, N, Vrows_, vocab_begin_, V);
-    tp_->all_reduce(ce_max, size_t(N), comm::ReduceOp::Max);
+    tp_.reduce_stats(ce_max, size_t(N), comm::ReduceOp::Max);
     ops_.ce_partial_sums(ce_stats, logits, ce_max, targets, N, Vrows_, vocab_begin_, V);
-    tp_->all_reduce(ce_stats, 2 * size_t(N), comm::ReduceOp::Sum);
+    tp_.reduce_stats(ce_stats, 2 * size_t(N), comm::ReduceOp::Sum);
     ops_.ce_finish(losses, dlogits, logits, ce_max, ce_stats, targets, N, Vrows_, vocab_begin_, V,
                    dloss);
   }
@@ -178,23 +198,27 @@ float GptModel::head_forward(Activations& a, float loss_scale) {
 }
 
 void GptModel::layer_forward(int l, const LayerView& v) {
-  const int N = B_ * T_, C = C_, Cl = Cl_;
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = Cl_;
   const auto w = layer_weights(l);
-  const size_t NC = size_t(N) * C;
-  ops_.layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.x, w.ln1_w, w.ln1_b, N, C);
-  ops_.linear_forward(v.qkv, nullptr, v.ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
+  const size_t NhC = size_t(Nh) * C;
+  ops_.layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.x, w.ln1_w, w.ln1_b, Nh, C);
+  const ops::Act* ln1 = tp_.gather(v.ln1, v.ln1_gathered, C);
+  ops_.linear_forward(v.qkv, nullptr, ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
   ops_.attention_forward(v.atty, v.att_state, v.qkv, B_, T_, Cl, NHl_);
-  // Row-parallel projections: the bias is added once, after the all-reduce.
-  ops_.linear_forward(v.res2, nullptr, v.atty, w.proj_w, nullptr, N, Cl, C);
-  all_reduce_tp(v.res2, NC);
-  ops_.add_bias(v.res2, w.proj_b, N, C);
-  ops_.add(v.res2, v.res2, v.x, NC);
-  ops_.layernorm_forward(v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, w.ln2_w, w.ln2_b, N, C);
-  ops_.linear_forward(v.fch, v.fch_gelu, v.ln2, w.fc_w, w.fc_b, N, C, 4 * Cl);
-  ops_.linear_forward(v.out, nullptr, v.fch_gelu, w.fcproj_w, nullptr, N, 4 * Cl, C);
-  all_reduce_tp(v.out, NC);
-  ops_.add_bias(v.out, w.fcproj_b, N, C);
-  ops_.add(v.out, v.out, v.res2, NC);
+  // Row-parallel projections: the bias is added once, after the tp sum.
+  ops::Act* proj = tp_.partial_target(v.res2, v.partial);
+  ops_.linear_forward(proj, nullptr, v.atty, w.proj_w, nullptr, N, Cl, C);
+  tp_.reduce(proj, v.res2, C);
+  ops_.add_bias(v.res2, w.proj_b, Nh, C);
+  ops_.add(v.res2, v.res2, v.x, NhC);
+  ops_.layernorm_forward(v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, w.ln2_w, w.ln2_b, Nh, C);
+  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C);
+  ops_.linear_forward(v.fch, v.fch_gelu, ln2, w.fc_w, w.fc_b, N, C, 4 * Cl);
+  ops::Act* fcproj = tp_.partial_target(v.out, v.partial);
+  ops_.linear_forward(fcproj, nullptr, v.fch_gelu, w.fcproj_w, nullptr, N, 4 * Cl, C);
+  tp_.reduce(fcproj, v.out, C);
+  ops_.add_bias(v.out, w.fcproj_b, Nh, C);
+  ops_.add(v.out, v.out, v.res2, NhC);
 }
 
 // Recomputes what B (and W) of a recomputed layer read and the forward did not keep,
@@ -233,35 +257,39 @@ void GptModel::backward_input(int chunk, Activations& a) {
 void GptModel::head_backward_input(Activations& a) {
   const int N = B_ * T_;
   ops::Act* dlnf = act(a, Slot::dlnf);
+  ops::Act* partial = tp_.partial_target(dlnf, act(a, Slot::sp_scratch));
   ops_.gemm(false, false, N, C_, Vrows_, 1.0f, act(a, Slot::logits),
-            weight("transformer.wte.weight"), 0.0f, dlnf);
-  all_reduce_tp(dlnf, size_t(N) * C_);  // the vocab shards' contributions
+            weight("transformer.wte.weight"), 0.0f, partial);
+  tp_.reduce(partial, dlnf, C_);  // the vocab shards' contributions
   ops::Act* dout = output_grad(a);
   ops_.fill_zero(dout, boundary_bytes());
   ops_.layernorm_backward_input(dout, dlnf, output(a), weight("transformer.ln_f.weight"),
-                                f32(a, Slot::lnf_mean), f32(a, Slot::lnf_rstd), N, C_);
+                                f32(a, Slot::lnf_mean), f32(a, Slot::lnf_rstd), tp_.rows_held(), C_);
 }
 
 void GptModel::layer_backward_input(int l, const LayerView& v) {
-  const int N = B_ * T_, C = C_, Cl = Cl_;
-  const size_t NC = size_t(N) * C;
-  const size_t act_bytes = NC * dtype_size(dt_);
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = Cl_;
+  const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_weights(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
-  ops_.gemm(false, true, N, 4 * Cl, C, 1.0f, v.dout, w.fcproj_w, 0.0f, v.dfch);
+  const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
+  ops_.gemm(false, true, N, 4 * Cl, C, 1.0f, dout, w.fcproj_w, 0.0f, v.dfch);
   ops_.gelu_backward(v.dfch, v.fch, v.dfch, size_t(N) * 4 * Cl);
-  ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, v.dln2);
-  all_reduce_tp(v.dln2, NC);  // column-parallel input gradient
-  ops_.copy(v.dres2, v.dout, act_bytes);
-  ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, N, C);
+  ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
+  ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
+  tp_.reduce(dln2, v.dln2, C);  // column-parallel input gradient
+  ops_.copy(v.dres2, v.dout, held_bytes);
+  ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, Nh, C);
   // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
-  ops::Act* datty = v.dx;  // scratch [N, Cl] until dx is written below
-  ops_.gemm(false, true, N, Cl, C, 1.0f, v.dres2, w.proj_w, 0.0f, datty);
+  const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
+  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+  ops_.gemm(false, true, N, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, datty);
   ops_.attention_backward(v.dqkv, datty, v.qkv, v.atty, v.att_state, B_, T_, Cl, NHl_);
-  ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, v.dln1);
-  all_reduce_tp(v.dln1, NC);  // column-parallel input gradient
-  ops_.copy(v.dx, v.dres2, act_bytes);
-  ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, N, C);
+  ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
+  ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
+  tp_.reduce(dln1, v.dln1, C);  // column-parallel input gradient
+  ops_.copy(v.dx, v.dres2, held_bytes);
+  ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh, C);
 }
 
 void GptModel::backward_weight(int chunk, Activations& a) {
@@ -278,31 +306,37 @@ void GptModel::chunk_backward_weight(int chunk, Activations& a) {
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const int N = B_ * T_;
   float* dwte = c.first || c.last ? grad("transformer.wte.weight") : nullptr;
-  if (c.last) {  // tied head: dwte += dlogits^T @ lnf; final LayerNorm
+  if (c.last) {  // tied head: dwte += dlogits^T @ lnf; final LayerNorm (its held rows)
     ops_.linear_weight_grad(dwte, act(a, Slot::logits), act(a, Slot::lnf), N, Vrows_, C_);
     ops_.layernorm_backward_weight(grad("transformer.ln_f.weight"), grad("transformer.ln_f.bias"),
                                    act(a, Slot::dlnf), output(a), f32(a, Slot::lnf_mean),
-                                   f32(a, Slot::lnf_rstd), N, C_);
+                                   f32(a, Slot::lnf_rstd), tp_.rows_held(), C_);
   }
-  if (c.first)
-    ops_.embedding_backward(dwte, grad("transformer.wpe.weight"), input_grad(a),
+  if (c.first)  // every rank's token rows: its vocab rows of wte, all of wpe
+    ops_.embedding_backward(dwte, grad("transformer.wpe.weight"),
+                            tp_.gather(input_grad(a), act(a, Slot::sp_scratch), C_),
                             static_cast<const int32_t*>(slot(a, 0, Slot::tokens)), vocab_begin_,
                             Vrows_, B_, T_, C_);
 }
 
+// LayerNorm gradients cover the held rows; under sequence parallelism GradSync sums them
+// over tp. The row-parallel biases' gradients come from the gathered output gradients,
+// so they are whole on every rank.
 void GptModel::layer_backward_weight(int l, const LayerView& v) {
-  const int N = B_ * T_, C = C_, Cl = Cl_;
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = Cl_;
   const auto g = layer_grads(l);
-  ops_.linear_weight_grad(g.fcproj_w, v.fch_gelu, v.dout, N, 4 * Cl, C);
-  ops_.bias_backward(g.fcproj_b, v.dout, N, C);
-  ops_.linear_weight_grad(g.fc_w, v.ln2, v.dfch, N, C, 4 * Cl);
+  const ops::Act* dout = tp_.gathered(v.dout, v.dout_gathered);
+  ops_.linear_weight_grad(g.fcproj_w, v.fch_gelu, dout, N, 4 * Cl, C);
+  ops_.bias_backward(g.fcproj_b, dout, N, C);
+  ops_.linear_weight_grad(g.fc_w, tp_.gather(v.ln2, v.ln2_gathered, C), v.dfch, N, C, 4 * Cl);
   ops_.bias_backward(g.fc_b, v.dfch, N, 4 * Cl);
-  ops_.layernorm_backward_weight(g.ln2_w, g.ln2_b, v.dln2, v.res2, v.ln2_mean, v.ln2_rstd, N, C);
-  ops_.linear_weight_grad(g.proj_w, v.atty, v.dres2, N, Cl, C);
-  ops_.bias_backward(g.proj_b, v.dres2, N, C);
-  ops_.linear_weight_grad(g.qkv_w, v.ln1, v.dqkv, N, C, 3 * Cl);
+  ops_.layernorm_backward_weight(g.ln2_w, g.ln2_b, v.dln2, v.res2, v.ln2_mean, v.ln2_rstd, Nh, C);
+  const ops::Act* dres2 = tp_.gathered(v.dres2, v.dres2_gathered);
+  ops_.linear_weight_grad(g.proj_w, v.atty, dres2, N, Cl, C);
+  ops_.bias_backward(g.proj_b, dres2, N, C);
+  ops_.linear_weight_grad(g.qkv_w, tp_.gather(v.ln1, v.ln1_gathered, C), v.dqkv, N, C, 3 * Cl);
   ops_.bias_backward(g.qkv_b, v.dqkv, N, 3 * Cl);
-  ops_.layernorm_backward_weight(g.ln1_w, g.ln1_b, v.dln1, v.x, v.ln1_mean, v.ln1_rstd, N, C);
+  ops_.layernorm_backward_weight(g.ln1_w, g.ln1_b, v.dln1, v.x, v.ln1_mean, v.ln1_rstd, Nh, C);
 }
 
 }  // namespace pptrain

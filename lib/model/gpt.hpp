@@ -1,8 +1,8 @@
 // The GPT-2 model part one rank holds: parameters and gradients in flat arenas described
 // by the parameter layout table, one or more chunks (pipeline stages) of layers, and the
 // tensor-parallel shard of every layer (Megatron-style: column-parallel c_attn/c_fc,
-// row-parallel c_proj, vocab-parallel embedding and cross-entropy, all-reduces over the
-// tp group). Forward keeps one micro-batch's activations in an Activations object, laid
+// row-parallel c_proj, vocab-parallel embedding and cross-entropy; the tp collectives are
+// the regions of tp_regions.hpp, with sequence parallelism optional). Forward keeps one micro-batch's activations in an Activations object, laid
 // out by the activation table (activation_table.hpp) under the run's recomputation and
 // sequence-parallel policy; backward is split into an input-gradient pass and a
 // weight-gradient pass, so pipeline schedules can run the second later. All arithmetic
@@ -18,6 +18,7 @@
 #include "core/dtype.hpp"
 #include "model/activation_table.hpp"
 #include "model/param_layout.hpp"
+#include "model/tp_regions.hpp"
 #include "ops/ops.hpp"
 
 namespace pptrain {
@@ -76,7 +77,8 @@ class GptModel {
   // still holds (before it is pooled or dropped).
   std::unique_ptr<Activations> new_activations(int chunk) const;
   void release_parts(Activations& a);
-  // Bytes of one stage-boundary array [batch, seq_len, d_model] (what is sent between stages).
+  // Bytes of one stage-boundary array: the [batch * seq_len, d_model] rows this rank holds
+  // (N / tp of them under sequence parallelism), what is sent between stages.
   std::size_t boundary_bytes() const;
 
   // Forward of one chunk on a micro-batch [batch, seq_len]. A first chunk reads `tokens`
@@ -123,7 +125,6 @@ class GptModel {
   LayerTensors<float*> layer_grads(int layer);
   const ops::Act* weight(const char* name);
   float* grad(const char* name);
-  void all_reduce_tp(ops::Act* data, std::size_t n);
   void* slot(Activations& a, int local, Slot s, bool forward = false) const;
   ops::Act* act(Activations& a, Slot s) const { return static_cast<ops::Act*>(slot(a, 0, s)); }
   float* f32(Activations& a, Slot s) const { return static_cast<float*>(slot(a, 0, s)); }
@@ -137,6 +138,7 @@ class GptModel {
   void layer_backward_weight(int layer, const LayerView& v);
   void recompute(int layer, int local, LayerView& v);
   void embed(Activations& a);
+  void add_positions(ops::Act* x);
   float head_forward(Activations& a, float loss_scale);
   void head_backward_input(Activations& a);
   void chunk_backward_weight(int chunk, Activations& a);  // head and embedding W
@@ -146,7 +148,7 @@ class GptModel {
   int B_, T_, C_, Cl_, NH_, NHl_, Vrows_, vocab_begin_;
   ops::Ops& ops_;
   DType dt_;  // the backend's compute dtype
-  comm::Group* tp_;
+  TensorParallelRegions tp_;
   ParamLayout layout_;
   ops::Buffer params_, grads_, weights_;  // weights_ empty when the compute dtype is fp32
   std::vector<std::size_t> layer_offsets_;  // 12 offsets per global layer (if held)
@@ -175,7 +177,7 @@ struct GptModel::LayerView {
   ops::Act *x, *out;   // the layer's input and output
   ops::Act *dx, *dout; // their gradients
   ops::Act *ln1, *ln1_gathered, *qkv, *atty, *partial, *res2, *ln2, *ln2_gathered, *fch, *fch_gelu;
-  ops::Act *dres2, *dfch, *dln2, *dqkv, *dln1, *recomputed_out;
+  ops::Act *dout_gathered, *dres2, *dres2_gathered, *dfch, *dln2, *dqkv, *dln1, *recomputed_out;
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
   void* att_state;
 };

@@ -119,7 +119,9 @@ GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const
   v.ln2_gathered = A(Slot::ln2_gathered);
   v.fch = A(Slot::fch);
   v.fch_gelu = A(Slot::fch_gelu);
+  v.dout_gathered = A(Slot::dout_gathered);
   v.dres2 = A(Slot::dres2);
+  v.dres2_gathered = A(Slot::dres2_gathered);
   v.dfch = A(Slot::dfch);
   v.dln2 = A(Slot::dln2);
   v.dqkv = A(Slot::dqkv);

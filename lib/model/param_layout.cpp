@@ -78,6 +78,10 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
     e.shard = r;
     e.num_shards = tp;
   };
+  auto norm = [&](const std::string& name) {
+    layout.add(name + ".weight", {C}, false).layer_norm = true;
+    layout.add(name + ".bias", {C}, false).layer_norm = true;
+  };
   auto add_wte = [&](bool copy) {
     ParamEntry& e = layout.add("transformer.wte.weight", {vocab_rows_per_shard(m, tp), C}, true,
                                {V, C});
@@ -93,22 +97,19 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
     }
     for (int l = c.layer_begin; l < c.layer_end; ++l) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
-      whole(h + "ln_1.weight", {C}, false);
-      whole(h + "ln_1.bias", {C}, false);
+      norm(h + "ln_1");
       split(h + "attn.c_attn.weight", {C, 3 * Cl}, {C, 3 * C}, 1, 3, true);  // column: q|k|v
       split(h + "attn.c_attn.bias", {3 * Cl}, {3 * C}, 0, 3, false);
       split(h + "attn.c_proj.weight", {Cl, C}, {C, C}, 0, 1, true);  // row-parallel
       whole(h + "attn.c_proj.bias", {C}, false);
-      whole(h + "ln_2.weight", {C}, false);
-      whole(h + "ln_2.bias", {C}, false);
+      norm(h + "ln_2");
       split(h + "mlp.c_fc.weight", {C, 4 * Cl}, {C, 4 * C}, 1, 1, true);  // column
       split(h + "mlp.c_fc.bias", {4 * Cl}, {4 * C}, 0, 1, false);
       split(h + "mlp.c_proj.weight", {4 * Cl, C}, {4 * C, C}, 0, 1, true);  // row
       whole(h + "mlp.c_proj.bias", {C}, false);
     }
     if (c.last) {
-      whole("transformer.ln_f.weight", {C}, false);
-      whole("transformer.ln_f.bias", {C}, false);
+      norm("transformer.ln_f");
       if (!layout.contains("transformer.wte.weight")) add_wte(part.tied_copy_on_last);
     }
   }

@@ -33,6 +33,9 @@ struct ParamEntry {
   // last pipeline stage): its gradient is summed with the first copy's and it is left
   // out of norms and checkpoints.
   bool tied_copy = false;
+  // A LayerNorm tensor: under sequence parallelism each tp rank's gradient covers its own
+  // token rows only, and the gradients are summed over tp before the norm and the update.
+  bool layer_norm = false;
   std::size_t hf_numel() const;   // product of `hf_shape`
   bool replicated() const { return split_dim < 0; }
 };

@@ -36,6 +36,15 @@ GradSync::GradSync(Session& s)
       begin_(zero_ ? std::min(total_, size_t(s.coord.dp) * shard_) : 0),
       end_(zero_ ? std::min(total_, begin_ + shard_) : total_),
       chunk_ranges_(chunk_ranges(s.model)) {
+  if (s.cfg.parallel.sequence_parallel) {
+    std::size_t floats = 0;
+    for (const ParamEntry& e : s.model.layout().entries())
+      if (e.layer_norm) {
+        layer_norms_.push_back(&e);
+        floats += e.numel;
+      }
+    layer_norm_grads_ = ops::Buffer(*s.ops, floats * sizeof(float));
+  }
   if (zero_) {
     padded_ = ops::Buffer(*s.ops, shard_ * size_t(s.grid.dp()) * sizeof(float));
     shard_grads_ = ops::Buffer(*s.ops, shard_ * sizeof(float));
@@ -53,6 +62,7 @@ double GradSync::finish() {
   float* grads = s_.model.grads();
   for (auto& b : buckets_) b->wait();  // before touching the embedding gradient below
   buckets_.clear();
+  sum_layer_norms_over_tp();
   comm::Group* embedding = s_.comms.embedding_for_model();
   if (embedding && embedding->size() > 1) {
     const ParamEntry& wte = s_.model.layout().at("transformer.wte.weight");
@@ -75,6 +85,24 @@ double GradSync::finish() {
   s_.comms.pp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
   if (zero_) s_.comms.dp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
   return std::sqrt(sq);
+}
+
+void GradSync::sum_layer_norms_over_tp() {
+  if (layer_norms_.empty()) return;
+  ops::Ops& ops = *s_.ops;
+  float* grads = s_.model.grads();
+  float* packed = layer_norm_grads_.f32();
+  std::size_t at = 0;
+  for (const ParamEntry* e : layer_norms_) {
+    ops.copy(packed + at, grads + e->offset, e->numel * sizeof(float));
+    at += e->numel;
+  }
+  s_.comms.tp_for_model()->all_reduce(packed, at, comm::ReduceOp::Sum);
+  at = 0;
+  for (const ParamEntry* e : layer_norms_) {
+    ops.copy(grads + e->offset, packed + at, e->numel * sizeof(float));
+    at += e->numel;
+  }
 }
 
 void GradSync::all_gather_range(const float* shard, float* full) {

@@ -3,7 +3,8 @@
 // weight-gradient pass is done (overlapping the rest of the schedule); with
 // parallel.zero: 1 the gradients are reduce-scattered instead, each dp rank updates its
 // shard of the arena, and the parameters are all-gathered back. The tied embedding's
-// two copies (first and last pipeline stage) have their gradients summed. Arrays stay in
+// two copies (first and last pipeline stage) have their gradients summed, and so, under
+// sequence parallelism, have the tp ranks' LayerNorm gradients. Arrays stay in
 // the backend's memory; the communicators are the ones for the model's arrays.
 #pragma once
 #include <cstddef>
@@ -40,11 +41,15 @@ class GradSync {
  private:
   // full (backend memory, total_ floats) = every dp rank's shard.
   void all_gather_range(const float* shard, float* full);
+  // Sequence parallelism: sums the LayerNorm gradients over tp, packed in one message.
+  void sum_layer_norms_over_tp();
 
   Session& s_;
   bool zero_;
   std::size_t total_, shard_, begin_, end_;
   std::vector<std::pair<std::size_t, std::size_t>> chunk_ranges_;
+  std::vector<const ParamEntry*> layer_norms_;  // under sequence parallelism
+  ops::Buffer layer_norm_grads_;                // their gradients, packed
   std::vector<std::unique_ptr<comm::PendingOp>> buckets_;
   ops::Buffer padded_, shard_grads_;  // ZeRO only: shard_ * dp and shard_ floats
 };

@@ -27,11 +27,15 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
   const ParallelConfig& p = c.parallel;
   const ModelPartition part =
       pipeline_partition(m, placement_of(c), stage, p.tp, tp_rank, p.layers_per_stage);
-  const double total = double(gpt_param_layout(m, part).total_floats());
+  const ParamLayout layout = gpt_param_layout(m, part);
+  const double total = double(layout.total_floats());
   RankMemory r;
   r.stage = stage;
   r.tp_rank = tp_rank;
   r.weights = r.gradients = 4 * total;
+  if (p.sequence_parallel)  // the LayerNorm gradients, packed for their sum over tp
+    for (const ParamEntry& e : layout.entries())
+      if (e.layer_norm) r.gradients += 4 * double(e.numel);
   if (be.compute != DType::F32) r.weight_copy = total * double(dtype_size(be.compute));
   if (p.zero == 1 && p.dp > 1) {
     const double shard = double((std::size_t(total) + std::size_t(p.dp) - 1) / std::size_t(p.dp));

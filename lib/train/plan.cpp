@@ -43,6 +43,7 @@ std::string describe_plan_json(const Config& c) {
       {"device", cuda ? "cuda" : "cpu"},
       {"recompute", c.train.recompute},
       {"recompute_layers", c.train.recompute_layers},
+      {"sequence_parallel", c.parallel.sequence_parallel},
       {"schedule", c.parallel.schedule},
       {"heaviest_rank", {{"stage", r.stage}, {"tp_rank", r.tp_rank}}},
       {"predicted_peak_memory_mib", to_mib(r.total())},
@@ -87,8 +88,9 @@ std::string describe_plan(const Config& c) {
                             padded_vocab(m)));
   line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
                                  double(layout.hf_param_count()) / 1e6));
-  line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}", p.tp, p.pp, p.dp,
-                             world_size(c), p.schedule));
+  line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp, p.pp, p.dp,
+                             world_size(c), p.schedule,
+                             p.sequence_parallel ? ", sequence parallel" : ""));
   check_schedule(c);
   const ScheduleKind kind = parse_schedule(p.schedule);
   std::string split;

@@ -67,6 +67,7 @@ ActivationPolicy activation_policy(const Config& c) {
   ActivationPolicy p;
   p.recompute = parse_recompute(c.train.recompute);
   p.recompute_layers = c.train.recompute_layers;
+  p.sequence_parallel = c.parallel.sequence_parallel;
   p.weight_follows_input = weight_follows_input(parse_schedule(c.parallel.schedule));
   return p;
 }

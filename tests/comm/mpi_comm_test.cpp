@@ -3,6 +3,7 @@
 // (tp, dp, pp) that fits the job, checked against values computed from world ranks.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <numeric>
 #include <vector>
@@ -175,6 +176,15 @@ TEST(MpiComms, ReduceScatterAllGatherBroadcast) {
           EXPECT_EQ(all[b * k + j], static_cast<float>(m[b]));
           EXPECT_EQ(all2[b * k + j], static_cast<float>(m[b]));
         }
+      // bf16 arrays (the CUDA backend's activations, when host groups carry them): a
+      // gather moves their bits at any size, above the eager limit too; a sum is refused.
+      const std::size_t big = 40000;  // 80 KB per rank
+      std::vector<uint16_t> bf(big), bf_all(big * n, 0);
+      for (std::size_t i = 0; i < big; ++i) bf[i] = static_cast<uint16_t>(r * 7 + i);
+      g->all_gather(bf.data(), bf_all.data(), big, DType::BF16);
+      for (int b = 0; b < n; ++b)
+        EXPECT_EQ(bf_all[b * big + big - 1], static_cast<uint16_t>(m[b] * 7 + big - 1));
+      EXPECT_THROW(g->reduce_scatter(bf_all.data(), bf.data(), big, DType::BF16), std::runtime_error);
       // broadcast from every root.
       for (int root = 0; root < n; ++root) {
         std::vector<float> v = {static_cast<float>(r), 0.5f};

@@ -116,6 +116,16 @@ TEST_F(NcclOneRank, AllReduceBf16KeepsBits) {
   EXPECT_EQ(a.read(stream_), bits);
 }
 
+TEST_F(NcclOneRank, ReduceScatterAndAllGatherBf16KeepBits) {
+  const std::vector<uint16_t> bits = {0x3F80, 0x4000, 0xBF00, 0x0000, 0x4049, 0x7F7F};
+  DeviceArray<uint16_t> src(bits), dst(std::vector<uint16_t>(bits.size(), 0)),
+      gathered(std::vector<uint16_t>(bits.size(), 0));
+  dev().tp->reduce_scatter(src.get(), dst.get(), bits.size(), DType::BF16);
+  EXPECT_EQ(dst.read(stream_), bits);
+  dev().tp->all_gather(src.get(), gathered.get(), bits.size(), DType::BF16);
+  EXPECT_EQ(gathered.read(stream_), bits);
+}
+
 TEST_F(NcclOneRank, HostDoublesAreRefused) {
   double d = 1;
   EXPECT_THROW(dev().dp->all_reduce(&d, 1, ReduceOp::Sum), std::logic_error);

@@ -42,6 +42,7 @@ inline void expect_same_config(const Config& a, const Config& b) {
   PPTRAIN_SAME(train.precision);
   PPTRAIN_SAME(train.peak_tflops);
   PPTRAIN_SAME(train.attention);
+  PPTRAIN_SAME(parallel.sequence_parallel);
   PPTRAIN_SAME(train.recompute);
   PPTRAIN_SAME(train.recompute_layers);
   PPTRAIN_SAME(data.source);

@@ -83,6 +83,8 @@ Config non_default_config() {
   c.parallel.virtual_stages = 2;
   c.parallel.zero = 1;
   c.parallel.dp = 2;
+  c.parallel.tp = 3;
+  c.parallel.sequence_parallel = true;
   c.parallel.layers_per_stage = {3, 2};
   c.parallel.comm_timeout_s = 12.5;
   c.train.steps = 1234;
@@ -240,7 +242,7 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
                                                         << value << "`";
     ++keys;
   }
-  EXPECT_EQ(keys, 51);
+  EXPECT_EQ(keys, 52);
 }
 
 TEST(ConfigDocs, ExampleIsValid) {

@@ -58,6 +58,17 @@ const BadCase kBadCases[] = {
      "expected an integer, got quoted string '5'"},
     {"int_empty", "train:\n  steps:\n  lr: 0.1\n", {}, "x.yaml:2", "got an empty value"},
     {"int_range", "train:\n  steps: 99999999999\n", {}, "x.yaml:2", "out of range"},
+    {"bool_word", "parallel:\n  tp: 2\n  sequence_parallel: yes\n", {}, "x.yaml:3",
+     "parallel.sequence_parallel: expected true or false, got 'yes'"},
+    {"bool_number", "parallel:\n  tp: 2\n  sequence_parallel: 1\n", {}, "x.yaml:3",
+     "expected true or false, got '1'"},
+    {"bool_quoted", "parallel:\n  tp: 2\n  sequence_parallel: \"true\"\n", {}, "x.yaml:3",
+     "expected true or false, got quoted string 'true'"},
+    {"sp_without_tp", "parallel:\n  sequence_parallel: true\n", {}, "x.yaml:2",
+     "parallel.sequence_parallel: true needs parallel.tp > 1"},
+    {"sp_rows", "model:\n  n_head: 4\n  seq_len: 5\nparallel:\n  tp: 4\n  micro_batch_size: 1\n"
+     "  sequence_parallel: true\n", {}, "x.yaml:7",
+     "true needs micro_batch_size * model.seq_len divisible by parallel.tp (got 1 * 5 token rows, tp=4)"},
     {"seed_negative", "train:\n  seed: -1\n", {}, "x.yaml:2", "expected a non-negative integer"},
     {"double_word", "train:\n  lr: fast\n", {}, "x.yaml:2", "train.lr: expected a number, got 'fast'"},
     {"double_bool", "train:\n  lr: yes\n", {}, "x.yaml:2", "expected a number, got 'yes'"},
@@ -202,6 +213,8 @@ parallel:
   virtual_stages: 2
   zero: 1
   dp: 2
+  tp: 2
+  sequence_parallel: true
 train:
   steps: 7
   lr: 3e-4
@@ -242,6 +255,7 @@ device: auto
   EXPECT_EQ(c.parallel.schedule, "zb-h1");
   EXPECT_EQ(c.parallel.virtual_stages, 2);
   EXPECT_EQ(c.parallel.zero, 1);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.train.lr, 3e-4);
   EXPECT_EQ(c.train.min_lr, 0.0);

@@ -156,6 +156,11 @@ TEST(ActivationTable, PerLayerBytesFollowTheClosedForm) {
   EXPECT_EQ(kept_per_layer(none), N * h * e * (4 + 12 / t) + 16 * N + probs);
   EXPECT_EQ(kept_per_layer(selective), N * h * e * (4 + 12 / t) + 16 * N);
   EXPECT_EQ(kept_per_layer(full), N * h * e);  // the layer's input only
+  // Sequence parallelism shards the rest too: everything divided by t, as in the paper.
+  for (ActivationPolicy* p : {&none, &selective, &full}) p->sequence_parallel = true;
+  EXPECT_EQ(kept_per_layer(none), (N * h * e * 16 + 16 * N) / t + probs);
+  EXPECT_EQ(kept_per_layer(selective), (N * h * e * 16 + 16 * N) / t);
+  EXPECT_EQ(kept_per_layer(full), N * h * e / t);
 }
 
 }  // namespace

@@ -9,7 +9,10 @@ Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's me
 mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
 so that no message is buffered: a schedule that could deadlock does.
 Activation recomputation (selective and full, on all or some layers) runs in several of
-these layouts and must give that layout's losses bit for bit.
+these layouts and must give that layout's losses bit for bit. Sequence parallelism runs in
+every tensor-parallel layout and schedule, with and without recomputation, and must give
+that layout's losses and gradient norms within 1e-6 relative at every step (only sums are
+reordered); its checkpoints resume without it and the other way round.
 Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...]
 """
 import json
@@ -35,6 +38,10 @@ LAYOUTS = {
     "pp2_zb_v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "pp4_zb_v": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "tp2_pp2_dp2_zb_v": (2, 2, 2, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    "tp2_pp2_interleaved": (2, 2, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
+    "tp2_pp2_zb_h1_grouped": (2, 2, 1, 4, ["parallel.schedule=zb-h1", "parallel.message_mode=grouped"]),
+    "tp2_pp2_gpipe": (2, 2, 1, 4, ["parallel.schedule=gpipe"]),
+    "tp4": (4, 1, 1, 4, []),
     # The grouped message mode GPUs use (NCCL), run over MPI.
     "pp2_grouped": (1, 2, 1, 4, ["parallel.message_mode=grouped"]),
     "pp4_interleaved_grouped": (1, 4, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2",
@@ -58,6 +65,23 @@ RECOMPUTE_CASES = {
     "pp4_zb_v_grouped_selective": ("pp4_zb_v_grouped", ["train.recompute=selective"]),
     "tp2_pp2_dp2_full": ("tp2_pp2_dp2", ["train.recompute=full"]),
     "tp2_pp2_dp2_zero1_selective": ("tp2_pp2_dp2_zero1", ["train.recompute=selective"]),
+}
+# Sequence parallelism: (the layout it must equal within 1e-6, overrides).
+SP = ["parallel.sequence_parallel=true"]
+SP_CASES = {
+    "tp2_sp": ("tp2", SP),
+    "tp4_sp": ("tp4", SP),
+    "tp2_pp2_dp2_sp": ("tp2_pp2_dp2", SP),
+    "tp2_pp2_dp2_zb_v_sp": ("tp2_pp2_dp2_zb_v", SP),
+    "tp2_pp2_dp2_zero1_sp": ("tp2_pp2_dp2_zero1", SP),
+    "tp2_pp2_interleaved_sp": ("tp2_pp2_interleaved", SP),
+    "tp2_pp2_zb_h1_grouped_sp": ("tp2_pp2_zb_h1_grouped", SP),
+    "tp2_pp2_gpipe_sp": ("tp2_pp2_gpipe", SP),
+    "tp2_sp_selective": ("tp2", SP + ["train.recompute=selective"]),
+    "tp2_pp2_dp2_sp_full": ("tp2_pp2_dp2", SP + ["train.recompute=full"]),
+    "tp2_pp2_zb_h1_grouped_sp_full": ("tp2_pp2_zb_h1_grouped", SP + ["train.recompute=full"]),
+    "tp2_pp2_interleaved_sp_full_1layer": ("tp2_pp2_interleaved",
+                                           SP + ["train.recompute=full", "train.recompute_layers=1"]),
 }
 # Resharding: saved after step 5 at (tp, pp, dp, micro_batches) = the first layout (a
 # sharded checkpoint, or the single-file one of one rank), resumed in the others.
@@ -151,6 +175,21 @@ def main():
               f"{'bit-identical' if same else 'DIFFER'} -> {'ok' if same else 'FAIL'}")
         if not same:
             failures.append(name)
+    # Sequence parallelism reorders sums only.
+    for name, (like, overrides) in SP_CASES.items():
+        if like not in names:
+            continue
+        tp, pp, dp, mb, extra = LAYOUTS[like]
+        rows = run(pptrain, config, work, name, tp, pp, dp, mb, extra + overrides)
+        want = [json.loads(l) for l in open(os.path.join(work, like + ".jsonl"))]
+        loss = max(rel(r["loss"], w["loss"]) for r, w in zip(rows, want))
+        first_norm = rel(rows[0]["grad_norm"], want[0]["grad_norm"])
+        norm = max(rel(r["grad_norm"], w["grad_norm"]) for r, w in zip(rows, want))
+        ok = len(rows) == len(want) == STEPS and loss <= 1e-6 and first_norm <= 1e-6
+        print(f"{name:34} against {like}: worst loss {loss:.1e}, grad norm {first_norm:.1e} "
+              f"(step 1), {norm:.1e} (worst) -> {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(name)
     # A checkpoint saved in one layout continues in others with the single-rank losses.
     saved = {}
     for name, (save_at, (tp, pp, dp, mb)) in RESUME_CASES.items():
@@ -167,6 +206,22 @@ def main():
         worst = max(rel(r["loss"], b["loss"]) for r, b in zip(rows, base[5:]))
         ok = len(rows) == STEPS - 5 and rows[0]["step"] == 6 and worst <= 1e-4
         print(f"{name:18} resumed at step 6 from {save_at[:3]}: worst loss {worst:.1e} -> "
+              f"{'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(name)
+    # Sequence-parallel checkpoints are the same tensors: saved with it, resumed without,
+    # and the other way round.
+    for name, (save_sp, load_sp) in {"resume_sp_to_plain": (SP, []),
+                                     "resume_plain_to_sp": ([], SP)}.items():
+        saved_dir, ckpt = os.path.join(work, "saved_" + name), os.path.join(work, name)
+        run(pptrain, config, work, "save_" + name, 2, 2, 1, 4,
+            save_sp + [f"checkpoint.dir={saved_dir}", "checkpoint.every=5"])
+        shutil.copytree(os.path.join(saved_dir, "step_00000005"), os.path.join(ckpt, "step_00000005"))
+        rows = run(pptrain, config, work, name, 2, 1, 2, 2,
+                   load_sp + [f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"])
+        worst = max(rel(r["loss"], b["loss"]) for r, b in zip(rows, base[5:]))
+        ok = len(rows) == STEPS - 5 and rows[0]["step"] == 6 and worst <= 1e-4
+        print(f"{name:18} resumed at step 6 on (2, 1, 2): worst loss {worst:.1e} -> "
               f"{'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
@@ -189,7 +244,8 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + len(RECOMPUTE_CASES) + len(RESUME_CASES) + 2} passed, 0 failed")
+    print(f"{len(names) + len(RECOMPUTE_CASES) + len(SP_CASES) + len(RESUME_CASES) + 4} passed, "
+          "0 failed")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The predicted peak memory is the measured one.
 
-For each layout and recomputation mode below, runs `pptrain check-config --json` for the
+For each layout, recomputation mode and sequence-parallel setting below, runs `pptrain check-config --json` for the
 predicted peak of the heaviest rank (predicted_peak_memory_mib) and trains a few steps
 for the measured one (peak_memory_mib: the CPU backend's own count of what it allocated,
 max over ranks and steps), and fails when they differ by more than 5%. Prints the table
@@ -23,6 +23,7 @@ MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_le
          "model.vocab_size=256", "parallel.micro_batch_size=4", "train.steps=3",
          "train.threads=1", "train.eval_every=0", "logging.every=1", "checkpoint.dir=",
          "parallel.comm_timeout_s=60"]
+SP = ["parallel.sequence_parallel=true"]
 # name: (tp, pp, dp, micro_batches, overrides)
 CASES = {
     "pp1_none": (1, 1, 1, 4, []),
@@ -42,6 +43,16 @@ CASES = {
                                           "parallel.virtual_stages=2", "train.recompute=full"]),
     "tp2_pp2_selective": (2, 2, 1, 4, ["train.recompute=selective"]),
     "dp2_zero1_full": (1, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
+    "tp2_none": (2, 1, 1, 4, []),
+    "tp2_sp_none": (2, 1, 1, 4, SP),
+    "tp2_sp_selective": (2, 1, 1, 4, SP + ["train.recompute=selective"]),
+    "tp2_sp_full": (2, 1, 1, 4, SP + ["train.recompute=full"]),
+    "tp2_pp2_zb_h1_sp_none": (2, 2, 1, 4, SP + ["parallel.schedule=zb-h1"]),
+    "tp2_pp2_zb_h1_sp_full": (2, 2, 1, 4, SP + ["parallel.schedule=zb-h1", "train.recompute=full"]),
+    "tp2_pp2_interleaved_sp_selective": (2, 2, 1, 4, SP + ["parallel.schedule=interleaved",
+                                                          "parallel.virtual_stages=2",
+                                                          "train.recompute=selective"]),
+    "tp2_pp4_1f1b_sp_none": (2, 4, 1, 4, SP),
 }
 RENDEZVOUS_ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096",
                       OMPI_MCA_btl_self_eager_limit="4096")
@@ -64,7 +75,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     failures = []
-    print(f"{'layout':24} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7}")
+    print(f"{'layout':34} {'predicted MiB':>14} {'measured MiB':>13} {'error':>7}")
     for name, (tp, pp, dp, mb, overrides) in CASES.items():
         sets = settings(tp, pp, dp, mb, overrides)
         plan = subprocess.run(command(pptrain, config, ["plan"] + sets), capture_output=True,
@@ -81,7 +92,7 @@ def main():
             measured = max(json.loads(line)["peak_memory_mib"] for line in f)
         error = (predicted - measured) / measured
         ok = abs(error) <= TOLERANCE
-        print(f"{name:24} {predicted:14.2f} {measured:13.2f} {error:+7.1%} {'ok' if ok else 'FAIL'}")
+        print(f"{name:34} {predicted:14.2f} {measured:13.2f} {error:+7.1%} {'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)
     if failures:

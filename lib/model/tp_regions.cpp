@@ -1,0 +1,43 @@
+// The two tensor-parallel primitives and their collectives.
+#include "model/tp_regions.hpp"
+
+#include "core/error.hpp"
+
+namespace pptrain {
+
+TensorParallelRegions::TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size,
+                                             int tp_rank, bool sequence_parallel, int rows)
+    : tp_(tp),
+      dtype_(dtype),
+      tp_size_(tp_size),
+      sp_(sequence_parallel),
+      rows_(rows),
+      rows_held_(sequence_parallel ? rows / tp_size : rows),
+      first_row_(sequence_parallel ? tp_rank * (rows / tp_size) : 0) {
+  PPTRAIN_CHECK(tp_size == 1 || (tp && tp->size() == tp_size), "tp group mismatch");
+  PPTRAIN_CHECK(!sequence_parallel || (tp_size > 1 && rows % tp_size == 0),
+                "sequence parallelism needs tp > 1 and token rows divisible by tp");
+}
+
+const ops::Act* TensorParallelRegions::gather(const ops::Act* held, ops::Act* full,
+                                              int width) const {
+  if (!sp_) return held;
+  tp_->all_gather(held, full, std::size_t(rows_held_) * std::size_t(width), dtype_);
+  return full;
+}
+
+void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width) const {
+  if (tp_size_ == 1) return;
+  if (!sp_) {
+    PPTRAIN_CHECK(partial == held, "without sequence parallelism the tp sum is in place");
+    tp_->all_reduce(held, std::size_t(rows_) * std::size_t(width), dtype_);
+    return;
+  }
+  tp_->reduce_scatter(partial, held, std::size_t(rows_held_) * std::size_t(width), dtype_);
+}
+
+void TensorParallelRegions::reduce_stats(float* data, std::size_t n, comm::ReduceOp op) const {
+  if (tp_size_ > 1) tp_->all_reduce(data, n, op);
+}
+
+}  // namespace pptrain

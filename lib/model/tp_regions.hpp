@@ -1,0 +1,58 @@
+// Megatron's tensor-parallel regions (Megatron-Core tensor_parallel/mappings.py) for a
+// model written as explicit forward, input-gradient and weight-gradient passes. Every
+// tensor-parallel collective of the model goes through one of two primitives, each the
+// other's backward:
+//   gather: the [N, width] rows a column-parallel linear (or the vocab-parallel head)
+//           reads, from the rows this rank holds. Without sequence parallelism a rank
+//           holds all N rows and this is Megatron's "copy" region: nothing to do. With it
+//           a rank holds rows [first_row, first_row + rows_held) and this all-gathers.
+//   reduce: partial sums [N, width] (out of a row-parallel linear, the vocab-parallel
+//           embedding, or a column-parallel linear's input gradient) into the rows this
+//           rank holds, summed over tp: an all-reduce in place, or a reduce-scatter.
+// The vocab-parallel cross-entropy's fp32 row statistics are the one other collective.
+// Rows are the flattened [batch * seq_len] token rows; under sequence parallelism rank r
+// of the tp group holds the r-th contiguous block of N / tp of them.
+#pragma once
+#include <cstddef>
+
+#include "comm/comm.hpp"
+#include "ops/ops.hpp"
+
+namespace pptrain {
+
+class TensorParallelRegions {
+ public:
+  // `tp` may be null when tp_size is 1 (then there is nothing to gather or reduce).
+  TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size, int tp_rank,
+                        bool sequence_parallel, int rows);
+
+  bool sequence_parallel() const { return sp_; }
+  int rows() const { return rows_; }            // N: every token row of the micro-batch
+  int rows_held() const { return rows_held_; }  // the rows LayerNorm and residuals run on
+  int first_row() const { return first_row_; }  // the first held row's index in [0, N)
+
+  // The full [N, width] array: `held` itself without SP; with SP, `full` after an
+  // all-gather of every rank's held block (`held` may be this rank's block of `full`).
+  const ops::Act* gather(const ops::Act* held, ops::Act* full, int width) const;
+  // Where a pass finds what gather() made earlier (the weight pass reading B's gathered
+  // gradients): `held` without SP, `full` with it.
+  const ops::Act* gathered(const ops::Act* held, const ops::Act* full) const {
+    return sp_ ? full : held;
+  }
+  // Where partial sums that reduce() turns into `held` are written: `held` itself
+  // without SP (the all-reduce is in place), `scratch` ([N, width]) with it.
+  ops::Act* partial_target(ops::Act* held, ops::Act* scratch) const { return sp_ ? scratch : held; }
+  // `held` = this rank's rows of the tp sum of `partial` (partial_target(held, ...)).
+  void reduce(ops::Act* partial, ops::Act* held, int width) const;
+  // Sum or max of fp32 statistics over the tp group (every rank holds all n).
+  void reduce_stats(float* data, std::size_t n, comm::ReduceOp op) const;
+
+ private:
+  comm::Group* tp_;
+  DType dtype_;
+  int tp_size_;
+  bool sp_;
+  int rows_, rows_held_, first_row_;
+};
+
+}  // namespace pptrain
