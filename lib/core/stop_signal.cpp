@@ -7,7 +7,8 @@
 namespace pptrain {
 
 namespace {
-volatile std::sig_atomic_t g_stop_signal = 0;  // written only by the handler
+// Written by the handler, and cleared by a StopSignals that installs the handler itself.
+volatile std::sig_atomic_t g_stop_signal = 0;
 bool g_installed_at_startup = false;  // and the flag not yet handed to a StopSignals
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 

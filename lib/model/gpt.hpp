@@ -82,7 +82,7 @@ class GptModel {
   std::size_t boundary_bytes() const;
 
   // Forward of one chunk on a micro-batch [batch, seq_len]. A first chunk reads `tokens`
-  // (host memory); any other reads `input` [batch, seq_len, d_model] (backend memory: the
+  // (host memory); any other reads `input`, boundary_bytes() (backend memory: the
   // previous stage's output). A last chunk returns the mean loss over `targets` (host
   // memory); with loss_scale > 0 it prepares backward of (loss_scale * mean loss) (the
   // fused cross-entropy turns the logits into their gradient); loss_scale == 0 is
@@ -105,9 +105,9 @@ class GptModel {
 
   // Stage-boundary arrays in backend memory, boundary_bytes() each.
   ops::Act* input_buffer(Activations& a) const;         // where a non-first chunk's input is received
-  ops::Act* output(Activations& a) const;               // [B,T,C] to send forward
+  ops::Act* output(Activations& a) const;               // the held rows, sent forward
   ops::Act* output_grad(Activations& a) const;          // where dL/d(output) is received
-  ops::Act* input_grad(Activations& a) const;           // [B,T,C] dL/d(input) to send back
+  ops::Act* input_grad(Activations& a) const;           // dL/d(input), sent back
   // Per-position losses [batch, seq_len] (host copy) of a last chunk's forward.
   const std::vector<float>& position_losses(const Activations& a) const;
   const std::vector<float>& position_losses() const;  // single-chunk whole model

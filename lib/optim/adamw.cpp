@@ -49,10 +49,6 @@ void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
   }
 }
 
-double grad_norm(ops::Ops& ops, const ParamLayout& layout, const float* grads) {
-  return std::sqrt(grad_square_sum(ops, layout, grads, [](const ParamEntry&) { return true; }));
-}
-
 double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
                        const std::function<bool(const ParamEntry&)>& counted, std::size_t begin,
                        std::size_t end) {

@@ -45,8 +45,6 @@ class AdamW {
   ops::Buffer m_, v_;
 };
 
-// Global L2 norm of all gradient entries (fp64 accumulation, fixed order).
-double grad_norm(ops::Ops& ops, const ParamLayout& layout, const float* grads);
 // Sum of squares of the gradient entries for which `counted` is true (fp64, fixed order):
 // a rank's share of a global norm. grads is in backend memory.
 double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,

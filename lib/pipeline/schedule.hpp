@@ -148,7 +148,8 @@ std::vector<Step> build_steps(ScheduleKind kind, int pp, int stage, int micro_ba
 // The most (microbatch, chunk) sets a stage holds between their Forward and their
 // BackwardWeight under this schedule: gpipe m*v; 1f1b min(m, pp-stage); interleaved
 // Megatron's warm-up count + 1 (m*v when m == pp); zb-h1 min(m, pp): its deferred Ws
-// keep up to `stage` extra sets alive, holding only the inputs W needs, while the sets
+// keep up to `stage` extra sets alive, holding what W reads (the buffers B alone reads go
+// back when B ends: activation_table.hpp), while the sets
 // awaiting B never exceed 1F1B's min(m, pp-stage) (see backward_bound); zb-v
 // min(2m, 2pp) sets of half a stage's layers, 1F1B's first-stage memory.
 int activation_bound(ScheduleKind kind, int pp, int stage, int micro_batches,

@@ -1,5 +1,5 @@
-// The single-rank training loop and the commands built on it: train, eval, and the
-// run plan printed by check-config.
+// The training loop one rank runs (in any layout) and the commands built on it: train,
+// eval, and the run plan printed by check-config.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -182,6 +182,8 @@ CASES = [
     ("C31", [], CHECK + ["--set", "parallel.pp=1024", "--set", "parallel.dp=1024"]),
     ("C32", [], CHECK + ["--set", "parallel.micro_batches=1048576", "--set",
                          "parallel.micro_batch_size=1048576"]),
+    ("C33", [], TRAIN + ["--set", "parallel.sequence_parallel=true"]),
+    ("C34", [], TRAIN + ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=yes"]),
     # Data files.
     ("D01", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=none.bin"]),
     ("D02", [F("d.bin", llmc(magic=1234))],

@@ -234,6 +234,11 @@ TEST(LrSchedule, UnknownScheduleThrows) {
   EXPECT_THROW(learning_rate(train, 50), InputError);
 }
 
+// The norm of every entry, as GradSync takes it on one rank.
+double grad_norm(ops::Ops& ops, const ParamLayout& layout, const float* grads) {
+  return std::sqrt(grad_square_sum(ops, layout, grads, [](const ParamEntry&) { return true; }));
+}
+
 TEST(GradNorm, MatchesHandSumAndIgnoresGaps) {
   const ParamLayout layout = tiny_layout();
   std::vector<float> grads(layout.total_floats(), 1e30f);  // gaps hold huge values

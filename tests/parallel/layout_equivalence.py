@@ -4,7 +4,8 @@
 Runs pptrain on a tiny fp32 model in the single-rank layout and in each parallel layout
 (pptrain starts its own ranks through mpirun), then compares the metrics files: the
 first step's loss and gradient norm to 1e-6 relative, every loss over the run to 1e-4.
-The global batch (dp * micro_batches * micro_batch_size) is the same in every layout.
+The global batch (dp * micro_batches * micro_batch_size) is the same in every layout
+but pp2_m3, which is compared with a single-rank run of its own batch.
 Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's message
 mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
 so that no message is buffered: a schedule that could deadlock does.
@@ -50,7 +51,7 @@ LAYOUTS = {
     "pp4_zb_v_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
                                       "parallel.message_mode=grouped"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
-    "pp2_m3": (1, 2, 1, 4, []),  # replaced below: micro_batches 3 is not this batch
+    "pp2_m3": (1, 2, 1, 3, []),  # m not a multiple of pp: against a single run of 3
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
     "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),
 }
@@ -144,16 +145,14 @@ def main():
     names = sys.argv[4:] or list(LAYOUTS)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    base = run(pptrain, config, work, "single", 1, 1, 1, 4, [])
-    base_m3 = None
+    singles = {4: run(pptrain, config, work, "single", 1, 1, 1, 4, [])}
+    base = singles[4]
     failures = []
     for name in names:
         tp, pp, dp, mb, extra = LAYOUTS[name]
-        ref = base
-        if name == "pp2_m3":  # micro_batches not a multiple of pp, against its own single run
-            mb, extra = 3, []
-            base_m3 = base_m3 or run(pptrain, config, work, "single_m3", 1, 1, 1, 3, [])
-            ref = base_m3
+        if dp * mb not in singles:  # the single-rank run of the same global batch
+            singles[dp * mb] = run(pptrain, config, work, f"single_m{dp * mb}", 1, 1, 1, dp * mb, [])
+        ref = singles[dp * mb]
         rows = run(pptrain, config, work, name, tp, pp, dp, mb, extra)
         worst = max(rel(r["loss"], b["loss"]) for r, b in zip(rows, ref))
         first = (rel(rows[0]["loss"], ref[0]["loss"]), rel(rows[0]["grad_norm"], ref[0]["grad_norm"]))

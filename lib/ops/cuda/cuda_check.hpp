@@ -1,6 +1,6 @@
-// One check macro for every CUDA-family status code: cudaError_t and cublasStatus_t
-// here; other libraries (NCCL in lib/comm) add their own is_ok/error_string overloads
-// in namespace pptrain::cuda_check before using the macro. A failure throws
+// One check macro for the CUDA runtime's and cuBLASLt's status codes (cudaError_t,
+// cublasStatus_t); NCCL's go through NcclContext::check in lib/comm, which also aborts
+// the communicators. A failure throws
 // std::runtime_error naming the statement, the library's error string, file:line and
 // the host, through one out-of-line [[noreturn]] handler.
 #pragma once

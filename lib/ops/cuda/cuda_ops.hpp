@@ -3,7 +3,8 @@
 // compute stream (native_stream()); matrix products go through cuBLASLt (gemm.hpp),
 // everything else through the launchers of kernels.hpp, instantiated for the compute
 // dtype (float or bf16), and, when asked for, the fused attention kernels of
-// flash_attention.hpp. The bodies are in cuda_ops.cpp and, for attention,
+// flash_attention.hpp. The bodies are in cuda_ops.cpp (memory, copies, GEMMs),
+// cuda_ops_math.cpp (the elementwise, normalisation, loss and optimizer ops) and
 // cuda_ops_attention.cpp. Like every backend object it must not be called from two
 // threads at once; the calling thread must have this device current (the constructor
 // makes it current on the constructing thread).
@@ -102,9 +103,6 @@ class CudaOps final : public Ops {
                  float dloss) override;
 
   void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
-
-  // The cuBLASLt wrapper (for tests: its plan cache).
-  cuda::Gemm& gemm_engine() { return gemm_; }
 
  private:
   template <typename T>
