@@ -99,210 +99,293 @@ bool parameters_finite(Session& s) {
   s.comms.all->all_reduce(&bad, 1, comm::ReduceOp::Max);
   return bad == 0;
 }
-}  // namespace
 
-namespace {
-TrainResult train_rank(Session& s, const StopSignals& signals) {
-  const Config& cfg = s.cfg;
-  GptModel& model = s.model;
-  const auto& par = cfg.parallel;
-  TrainData data = TrainData::open(cfg.data, cfg.model, cfg.train.seed);
-  const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
-  GradSync sync(s);
-  AdamW opt(*s.ops, model.layout(), cfg.train, sync.begin(), sync.end());
-  const size_t arena = model.layout().total_floats();
+// One rank's run, as named steps: resume or initialise, then per step train, validate
+// when due, report, checkpoint when due, and stop on a signal. Every rank calls the same
+// collectives in the same order, so each step below runs on every rank.
+class RankTrainer {
+ public:
+  RankTrainer(Session& s, const StopSignals& signals);
+  TrainResult run();
 
-  TrainResult result;
-  const std::string& ckpt_dir = cfg.checkpoint.dir;
-  // Rank 0 holds the directory for the whole run; no rank reads it before that.
-  std::optional<CheckpointDirLock> ckpt_lock;
-  if (!ckpt_dir.empty()) {
-    if (s.rank == 0) ckpt_lock.emplace(ckpt_dir);
+ private:
+  // What one optimizer step produced, the same on every rank.
+  struct StepOutcome {
+    double loss = 0, grad_norm = 0, lr = 0, seconds = 0;
+    StepReport report;
+  };
+  void resume_or_init();
+  void log_start() const;
+  StepOutcome train_step(int64_t step);
+  void apply_update(int64_t step, double loss, double norm, double lr);
+  std::optional<double> maybe_validate(int64_t n);
+  void report(int64_t n, const StepOutcome& o, const std::optional<double>& val_loss);
+  void maybe_checkpoint(int64_t n, const StepOutcome& o);
+  void finish_logs();
+
+  Session& s_;
+  const Config& cfg_;
+  const StopSignals& signals_;
+  TrainData data_;
+  const std::vector<int32_t> val_;
+  GradSync sync_;
+  AdamW opt_;
+  std::optional<CheckpointDirLock> ckpt_lock_;  // rank 0, for the whole run
+  // The pipeline: the schedule's steps of every rank (the executor runs its own part),
+  // simulated at each step's measured times, and its bubble at the planned ones.
+  const MessageMode mode_;
+  const std::vector<std::vector<Step>> pipeline_steps_;
+  const double bubble_theory_;
+  const double peak_tflops_;  // MFU's denominator: only for GPUs (or a configured peak)
+  MetricsWriter metrics_;
+  std::optional<TraceRecorder> trace_;
+  const int64_t last_step_;
+  int64_t first_step_ = 0;
+  double train_seconds_ = 0;
+  int nonfinite_in_a_row_ = 0;
+  TrainResult result_;
+};
+
+RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
+    : s_(s),
+      cfg_(s.cfg),
+      signals_(signals),
+      data_(TrainData::open(cfg_.data, cfg_.model, cfg_.train.seed)),
+      val_(load_validation_tokens(cfg_.data, cfg_.model, cfg_.train.seed)),
+      sync_(s),
+      opt_(*s.ops, s.model.layout(), cfg_.train, sync_.begin(), sync_.end()),
+      mode_(message_mode(cfg_, s.ops->device_memory())),
+      pipeline_steps_(build_all_steps(parse_schedule(cfg_.parallel.schedule), cfg_.parallel.pp,
+                                      cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
+                                      mode_, planned_costs(cfg_))),
+      bubble_theory_(theoretical_bubble(parse_schedule(cfg_.parallel.schedule), cfg_.parallel.pp,
+                                        cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
+                                        mode_, planned_costs(cfg_))),
+      peak_tflops_(peak_tflops_for(cfg_.train.peak_tflops, s.ops->device_model())),
+      metrics_(s.logs() ? cfg_.logging.metrics : ""),
+      last_step_(cfg_.train.steps) {
+  // Rank 0 holds the checkpoint directory for the whole run; no rank reads it before.
+  if (!cfg_.checkpoint.dir.empty()) {
+    if (s.rank == 0) ckpt_lock_.emplace(cfg_.checkpoint.dir);
     s.comms.world->barrier();
   }
-  const std::string resume = ckpt_dir.empty() && cfg.checkpoint.resume == "auto"
-                                 ? std::string()
-                                 : resolve_resume(ckpt_dir, cfg.checkpoint.resume);
-  if (!resume.empty()) {
-    AlignedBuffer<float> m(arena), v(arena);
-    const CheckpointMeta meta = load_run_checkpoint(s, resume, m.data(), v.data());
-    check_same_model(cfg, meta, resume);
-    result.steps_done = meta.step;
-    sync.load_moments(m.data(), v.data(), opt);
-    if (s.logs()) spdlog::info("resumed from {} at step {}", resume, result.steps_done);
-  } else {
-    if (!ckpt_dir.empty() && has_checkpoints(ckpt_dir))
-      throw InputError(cfg.checkpoint.resume == "auto"
-                           ? ckpt_dir + ": holds checkpoints but none of them is valid (see the "
-                                        "warnings above); move them away or choose another "
-                                        "checkpoint.dir"
-                           : ckpt_dir + ": already holds checkpoints of an earlier run; set "
-                                        "checkpoint.resume: auto to continue it, or choose "
-                                        "another checkpoint.dir");
-    model.init_parameters(cfg.train.seed);
+}
+
+TrainResult RankTrainer::run() {
+  resume_or_init();
+  log_start();
+  if (!cfg_.logging.trace.empty()) s_.comms.world->barrier();  // align the ranks' trace clocks
+  trace_.emplace(cfg_.logging.trace, cfg_.logging.trace_steps, s_.rank);
+  if (stop_requested_anywhere(s_, signals_)) {
+    if (s_.logs()) spdlog::warn("stop signal received before step {}: nothing to save", first_step_ + 1);
+    result_.stopped_by_signal = true;
+    return result_;
   }
-  // MFU's denominator: only for GPUs (or a configured peak).
-  const double peak_tflops = peak_tflops_for(cfg.train.peak_tflops, s.ops->device_model());
-  const ScheduleKind kind = parse_schedule(par.schedule);
-  const MessageMode mode = message_mode(cfg, s.ops->device_memory());
-  const double bubble_theory = theoretical_bubble(kind, par.pp, par.micro_batches,
-                                                  par.virtual_stages, mode, planned_costs(cfg));
-  // Every rank's steps (the executor runs its own part), simulated at each step's times.
-  const auto pipeline_steps = build_all_steps(kind, par.pp, par.micro_batches,
-                                              par.virtual_stages, mode, planned_costs(cfg));
-  if (s.logs()) {
-    spdlog::info("data: {}; validation: {} tokens", data.describe(), val.size());
-    spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
-                 "schedule {} (theoretical bubble {:.3f})",
-                 gpt_param_layout(cfg.model).hf_param_count(), tokens_per_step(cfg), par.tp,
-                 par.pp, par.dp, s.grid.world_size(), par.schedule, bubble_theory);
-    spdlog::info("backend: {}{}", s.ops->name(),
-                 peak_tflops > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops)
-                                 : std::string());
-  }
-
-  MetricsWriter metrics(s.logs() ? cfg.logging.metrics : "");
-  if (!cfg.logging.trace.empty()) s.comms.world->barrier();  // align the ranks' trace clocks
-  TraceRecorder trace(cfg.logging.trace, cfg.logging.trace_steps, s.rank);
-  const int M = par.micro_batches, B = model.batch(), T = cfg.model.seq_len;
-  const int64_t last_step = cfg.train.steps;
-  const double flops_per_step = gpt_flops_per_token(cfg.model) * double(tokens_per_step(cfg));
-  std::vector<int32_t> window(size_t(T) + 1);
-  double train_seconds = 0;
-  int nonfinite_in_a_row = 0;
-  const int64_t first_step = result.steps_done;
-  if (stop_requested_anywhere(s, signals)) {
-    if (s.logs()) spdlog::warn("stop signal received before step {}: nothing to save", first_step + 1);
-    result.stopped_by_signal = true;
-    return result;
-  }
-  if (first_step >= last_step && s.logs()) spdlog::info("nothing to train: already at step {}", first_step);
-
-  for (int64_t step = first_step; step < last_step; ++step) {
-    const auto t0 = Clock::now();
-    model.zero_grads();
-    // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
-    // (d * M + mb) * B + j: the step's batch does not depend on the layout.
-    auto fill = [&](int mb, int32_t* in, int32_t* tg) {
-      for (int b = 0; b < B; ++b) {
-        data.sequence(step, (int64_t(s.coord.dp) * M + mb) * B + b, window.data());
-        std::copy(window.begin(), window.end() - 1, in + size_t(b) * T);
-        std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
-      }
-    };
-    sync.start_step();
-    auto chunk_done = [&](int c) { sync.chunk_done(c); };
-    PipelineExecutor::ActionFn on_action;
-    // Trace steps count from 1, as in the log.
-    const bool traced = trace.enabled_for(step + 1);
-    if (traced)
-      on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
-        trace.add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
-                      (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
-                  step + 1, b, e);
-      };
-    const PipelineStats st = s.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
-
-    const auto c0 = Clock::now();
-    const double norm = sync.finish();
-    const double loss = share(s, st.loss_sum / (M * par.dp), s.head_stage() && s.coord.tp == 0);
-    const double comm_s = seconds(Clock::now() - c0);
-    const double lr = learning_rate(cfg.train, step);
-    const auto o0 = Clock::now();
-    // loss and norm are the same on every rank, so every rank decides alike.
-    if (std::isfinite(loss) && std::isfinite(norm)) {
-      nonfinite_in_a_row = 0;
-      sync.update(opt, float(lr), clip_scale(norm, cfg.train.grad_clip), step + 1);
-    } else {
-      const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
-                               ", grad norm " + std::to_string(norm) + " is not finite";
-      if (cfg.train.on_nonfinite == "stop" || ++nonfinite_in_a_row >= cfg.train.max_nonfinite)
-        throw std::runtime_error(what + "; stopping before the update");
-      if (s.logs()) spdlog::warn("{}; update skipped ({} in a row)", what, nonfinite_in_a_row);
-    }
-    const auto t1 = Clock::now();
-    if (traced) trace.add("optimizer", step + 1, o0, t1);
-
-    const StepReport rep = aggregate(s, st, comm_s, signals.requested());
-    double step_s = seconds(t1 - t0);
-    s.comms.all->all_reduce(&step_s, 1, comm::ReduceOp::Max);
-    train_seconds += step_s;
-    result.steps_done = step + 1;
-    result.last_loss = loss;
-    const int64_t n = result.steps_done;
-    std::optional<double> val_loss;
-    if (!val.empty() && due(n, cfg.train.eval_every, last_step)) {
-      val_loss = validation_loss(s, val, cfg.train.eval_batches);
-      result.last_val_loss = val_loss;
-    }
-    if (s.logs() && (due(n, cfg.logging.every, last_step) || val_loss || n == first_step + 1)) {
-      const double tok_s = double(tokens_per_step(cfg)) / step_s;
-      const double flops_per_rank = flops_per_step / step_s / s.grid.world_size();
-      const double util = mfu(flops_per_rank, peak_tflops);
-      const double eta = train_seconds / double(n - first_step) * double(last_step - n);
-      spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | "
-                   "{:.3f} s | bubble {:.3f} (theory {:.3f}) | eta {}",
-                   n, last_step, loss, val_loss ? fmt::format(" | val {:.4f}", *val_loss) : "", lr,
-                   norm, tok_s, peak_tflops > 0 ? fmt::format(" | MFU {:.1f}%", 100 * util) : "",
-                   step_s, rep.bubble, bubble_theory, format_eta(eta));
-      nlohmann::json rec = {{"step", n},
-                            {"loss", loss},
-                            {"lr", lr},
-                            {"grad_norm", norm},
-                            {"tokens_per_s", tok_s},
-                            {"step_time_s", step_s},
-                            {"tflops_per_rank", flops_per_rank / 1e12},
-                            {"bubble", rep.bubble},
-                            {"bubble_min", rep.bubble_min},
-                            {"bubble_max", rep.bubble_max},
-                            {"bubble_theory", bubble_theory},
-                            {"bubble_sim", simulated_bubble(pipeline_steps, cfg, rep.costs, mode)},
-                            {"forward_ms", rep.costs.forward * 1e3},
-                            {"backward_input_ms", rep.costs.backward_input * 1e3},
-                            {"backward_weight_ms", rep.costs.backward_weight * 1e3},
-                            {"compute_s", rep.compute_s},
-                            {"wait_s", rep.wait_s},
-                            {"comm_s", rep.comm_s},
-                            {"peak_activations", rep.peak_activations},
-                            {"peak_rss_mib", rep.peak_rss_mib},
-                            {"peak_memory_mib", rep.peak_memory_mib}};
-      if (val_loss) rec["val_loss"] = *val_loss;
-      if (peak_tflops > 0) rec["mfu"] = util;
-      if (s.ops->device_memory()) rec["peak_device_mib"] = rep.peak_memory_mib;  // its old name
-      metrics.write(rec);
-    }
-    if (!ckpt_dir.empty() && (due(n, cfg.checkpoint.every, last_step) || rep.stop)) {
-      if (!parameters_finite(s))
-        throw std::runtime_error("step " + std::to_string(n) +
-                                 ": the model has non-finite parameters; not checkpointed");
-      CheckpointMeta meta;
-      meta.step = n;
-      meta.config_yaml = to_yaml(cfg);
-      meta.train_state = {{"data_cursor", {{"seed", cfg.train.seed}, {"next_step", n}}},
-                          {"tokens_seen", n * tokens_per_step(cfg)},
-                          {"loss", loss}};
-      meta.extra_files["config.json"] = hf_gpt2_config(cfg.model);
-      AlignedBuffer<float> m(arena), v(arena);
-      sync.full_moments(opt, m.data(), v.data());
-      result.last_checkpoint = save_run_checkpoint(s, m.data(), v.data(), meta);
-    }
-    if (rep.stop) {
-      if (s.logs()) spdlog::warn("stop signal received: stopped after step {}{}", n,
-                                 ckpt_dir.empty() ? " (checkpoints disabled: nothing saved)"
-                                                  : ", checkpoint saved");
-      result.stopped_by_signal = true;
+  if (first_step_ >= last_step_ && s_.logs()) spdlog::info("nothing to train: already at step {}", first_step_);
+  for (int64_t step = first_step_; step < last_step_; ++step) {
+    const StepOutcome o = train_step(step);
+    const int64_t n = step + 1;
+    const std::optional<double> val_loss = maybe_validate(n);
+    report(n, o, val_loss);
+    maybe_checkpoint(n, o);
+    if (o.report.stop) {
+      if (s_.logs()) spdlog::warn("stop signal received: stopped after step {}{}", n,
+                                  cfg_.checkpoint.dir.empty() ? " (checkpoints disabled: nothing saved)"
+                                                              : ", checkpoint saved");
+      result_.stopped_by_signal = true;
       break;
     }
   }
-  if (metrics.lost() > 0)
-    spdlog::error("logging.metrics: {} of {} records could not be written to {}", metrics.lost(),
-                  metrics.lost() + metrics.written(), metrics.path());
-  trace.write();
-  if (!cfg.logging.trace.empty()) {
-    s.comms.world->barrier();
-    if (s.logs()) merge_traces(cfg.logging.trace, s.grid.world_size());
+  finish_logs();
+  return result_;
+}
+
+// Loads the checkpoint to resume from (weights, moments, step), or initialises fresh
+// weights; refuses a directory that holds checkpoints it is not asked to resume.
+void RankTrainer::resume_or_init() {
+  const std::string& dir = cfg_.checkpoint.dir;
+  const std::string resume = dir.empty() && cfg_.checkpoint.resume == "auto"
+                                 ? std::string()
+                                 : resolve_resume(dir, cfg_.checkpoint.resume);
+  if (!resume.empty()) {
+    const size_t arena = s_.model.layout().total_floats();
+    AlignedBuffer<float> m(arena), v(arena);
+    const CheckpointMeta meta = load_run_checkpoint(s_, resume, m.data(), v.data());
+    check_same_model(cfg_, meta, resume);
+    result_.steps_done = first_step_ = meta.step;
+    sync_.load_moments(m.data(), v.data(), opt_);
+    if (s_.logs()) spdlog::info("resumed from {} at step {}", resume, first_step_);
+    return;
   }
-  return result;
+  if (!dir.empty() && has_checkpoints(dir))
+    throw InputError(cfg_.checkpoint.resume == "auto"
+                         ? dir + ": holds checkpoints but none of them is valid (see the "
+                                 "warnings above); move them away or choose another "
+                                 "checkpoint.dir"
+                         : dir + ": already holds checkpoints of an earlier run; set "
+                                 "checkpoint.resume: auto to continue it, or choose "
+                                 "another checkpoint.dir");
+  s_.model.init_parameters(cfg_.train.seed);
+}
+
+void RankTrainer::log_start() const {
+  if (!s_.logs()) return;
+  const auto& par = cfg_.parallel;
+  spdlog::info("data: {}; validation: {} tokens", data_.describe(), val_.size());
+  spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
+               "schedule {} (theoretical bubble {:.3f})",
+               gpt_param_layout(cfg_.model).hf_param_count(), tokens_per_step(cfg_), par.tp,
+               par.pp, par.dp, s_.grid.world_size(), par.schedule, bubble_theory_);
+  spdlog::info("backend: {}{}", s_.ops->name(),
+               peak_tflops_ > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops_)
+                                : std::string());
+}
+
+// The schedule over the step's micro-batches, the gradient reduction and the update.
+RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
+  const auto& par = cfg_.parallel;
+  const int M = par.micro_batches, B = s_.model.batch(), T = cfg_.model.seq_len;
+  const auto t0 = Clock::now();
+  s_.model.zero_grads();
+  // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
+  // (d * M + mb) * B + j: the step's batch does not depend on the layout.
+  std::vector<int32_t> window(size_t(T) + 1);
+  auto fill = [&](int mb, int32_t* in, int32_t* tg) {
+    for (int b = 0; b < B; ++b) {
+      data_.sequence(step, (int64_t(s_.coord.dp) * M + mb) * B + b, window.data());
+      std::copy(window.begin(), window.end() - 1, in + size_t(b) * T);
+      std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
+    }
+  };
+  sync_.start_step();
+  auto chunk_done = [&](int c) { sync_.chunk_done(c); };
+  PipelineExecutor::ActionFn on_action;
+  const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
+  if (traced)
+    on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
+      trace_->add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
+                      (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
+                  step + 1, b, e);
+    };
+  const PipelineStats st =
+      s_.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
+
+  StepOutcome o;
+  const auto c0 = Clock::now();
+  o.grad_norm = sync_.finish();
+  o.loss = share(s_, st.loss_sum / (M * par.dp), s_.head_stage() && s_.coord.tp == 0);
+  const double comm_s = seconds(Clock::now() - c0);
+  o.lr = learning_rate(cfg_.train, step);
+  const auto u0 = Clock::now();
+  apply_update(step, o.loss, o.grad_norm, o.lr);
+  const auto t1 = Clock::now();
+  if (traced) trace_->add("optimizer", step + 1, u0, t1);
+
+  o.report = aggregate(s_, st, comm_s, signals_.requested());
+  o.seconds = seconds(t1 - t0);
+  s_.comms.all->all_reduce(&o.seconds, 1, comm::ReduceOp::Max);
+  train_seconds_ += o.seconds;
+  result_.steps_done = step + 1;
+  result_.last_loss = o.loss;
+  return o;
+}
+
+// AdamW on this rank's range, or (train.on_nonfinite) a skipped or fatal step. The loss
+// and norm are the same on every rank, so every rank decides alike.
+void RankTrainer::apply_update(int64_t step, double loss, double norm, double lr) {
+  if (std::isfinite(loss) && std::isfinite(norm)) {
+    nonfinite_in_a_row_ = 0;
+    sync_.update(opt_, float(lr), clip_scale(norm, cfg_.train.grad_clip), step + 1);
+    return;
+  }
+  const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
+                           ", grad norm " + std::to_string(norm) + " is not finite";
+  if (cfg_.train.on_nonfinite == "stop" || ++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite)
+    throw std::runtime_error(what + "; stopping before the update");
+  if (s_.logs()) spdlog::warn("{}; update skipped ({} in a row)", what, nonfinite_in_a_row_);
+}
+
+std::optional<double> RankTrainer::maybe_validate(int64_t n) {
+  if (val_.empty() || !due(n, cfg_.train.eval_every, last_step_)) return std::nullopt;
+  result_.last_val_loss = validation_loss(s_, val_, cfg_.train.eval_batches);
+  return result_.last_val_loss;
+}
+
+// The console line and the metrics record of step n (rank 0, when due).
+void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<double>& val_loss) {
+  if (!s_.logs() || !(due(n, cfg_.logging.every, last_step_) || val_loss || n == first_step_ + 1))
+    return;
+  const StepReport& rep = o.report;
+  const double tok_s = double(tokens_per_step(cfg_)) / o.seconds;
+  const double flops_per_step = gpt_flops_per_token(cfg_.model) * double(tokens_per_step(cfg_));
+  const double flops_per_rank = flops_per_step / o.seconds / s_.grid.world_size();
+  const double util = mfu(flops_per_rank, peak_tflops_);
+  const double eta = train_seconds_ / double(n - first_step_) * double(last_step_ - n);
+  spdlog::info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | "
+               "{:.3f} s | bubble {:.3f} (theory {:.3f}) | eta {}",
+               n, last_step_, o.loss, val_loss ? fmt::format(" | val {:.4f}", *val_loss) : "", o.lr,
+               o.grad_norm, tok_s, peak_tflops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100 * util) : "",
+               o.seconds, rep.bubble, bubble_theory_, format_eta(eta));
+  nlohmann::json rec = {{"step", n},
+                        {"loss", o.loss},
+                        {"lr", o.lr},
+                        {"grad_norm", o.grad_norm},
+                        {"tokens_per_s", tok_s},
+                        {"step_time_s", o.seconds},
+                        {"tflops_per_rank", flops_per_rank / 1e12},
+                        {"bubble", rep.bubble},
+                        {"bubble_min", rep.bubble_min},
+                        {"bubble_max", rep.bubble_max},
+                        {"bubble_theory", bubble_theory_},
+                        {"bubble_sim", simulated_bubble(pipeline_steps_, cfg_, rep.costs, mode_)},
+                        {"forward_ms", rep.costs.forward * 1e3},
+                        {"backward_input_ms", rep.costs.backward_input * 1e3},
+                        {"backward_weight_ms", rep.costs.backward_weight * 1e3},
+                        {"compute_s", rep.compute_s},
+                        {"wait_s", rep.wait_s},
+                        {"comm_s", rep.comm_s},
+                        {"peak_activations", rep.peak_activations},
+                        {"peak_rss_mib", rep.peak_rss_mib},
+                        {"peak_memory_mib", rep.peak_memory_mib}};
+  if (val_loss) rec["val_loss"] = *val_loss;
+  if (peak_tflops_ > 0) rec["mfu"] = util;
+  if (s_.ops->device_memory()) rec["peak_device_mib"] = rep.peak_memory_mib;  // its old name
+  metrics_.write(rec);
+}
+
+// A checkpoint after step n when due or when stopping, never of non-finite weights.
+void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
+  if (cfg_.checkpoint.dir.empty() || !(due(n, cfg_.checkpoint.every, last_step_) || o.report.stop))
+    return;
+  if (!parameters_finite(s_))
+    throw std::runtime_error("step " + std::to_string(n) +
+                             ": the model has non-finite parameters; not checkpointed");
+  CheckpointMeta meta;
+  meta.step = n;
+  meta.config_yaml = to_yaml(cfg_);
+  meta.train_state = {{"data_cursor", {{"seed", cfg_.train.seed}, {"next_step", n}}},
+                      {"tokens_seen", n * tokens_per_step(cfg_)},
+                      {"loss", o.loss}};
+  meta.extra_files["config.json"] = hf_gpt2_config(cfg_.model);
+  const size_t arena = s_.model.layout().total_floats();
+  AlignedBuffer<float> m(arena), v(arena);
+  sync_.full_moments(opt_, m.data(), v.data());
+  result_.last_checkpoint = save_run_checkpoint(s_, m.data(), v.data(), meta);
+}
+
+void RankTrainer::finish_logs() {
+  if (metrics_.lost() > 0)
+    spdlog::error("logging.metrics: {} of {} records could not be written to {}", metrics_.lost(),
+                  metrics_.lost() + metrics_.written(), metrics_.path());
+  trace_->write();
+  if (!cfg_.logging.trace.empty()) {
+    s_.comms.world->barrier();
+    if (s_.logs()) merge_traces(cfg_.logging.trace, s_.grid.world_size());
+  }
+}
+
+TrainResult train_rank(Session& s, const StopSignals& signals) {
+  return RankTrainer(s, signals).run();
 }
 }  // namespace
 
