@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const std::size_t n = size - 1;
   const std::string& path = scratch.write(file, n);
   pptrain::fuzz::only_input_errors([&] {
-    const std::vector<int32_t> tokens = pptrain::read_token_file(format, path, vocab);
+    const std::vector<int32_t> tokens = pptrain::read_token_file(*pptrain::parse_choice<pptrain::DataSource>(format), path, vocab);
     pptrain::fuzz::expect(!tokens.empty(), format + ": accepted a file with no tokens");
     pptrain::fuzz::expect(tokens == plain_decode(format, file, n),
                           format + ": tokens differ from the file's bytes");

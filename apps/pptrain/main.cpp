@@ -46,7 +46,7 @@ pptrain::Config load(const Options& opts) {
 
 // Ranks other than 0 log warnings and errors only.
 void setup_rank_logging(const pptrain::Config& config, const pptrain::comm::LaunchInfo& launch) {
-  pptrain::setup_logging(launch.rank == 0 ? config.logging.level : "warn");
+  pptrain::setup_logging(launch.rank == 0 ? std::string(pptrain::name_of(config.logging.level)) : "warn");
 }
 
 using pptrain::world_size;

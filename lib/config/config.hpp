@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "config/choices.hpp"
+
 namespace pptrain {
 
 struct ModelConfig {
@@ -23,7 +25,7 @@ struct ParallelConfig {
   int dp = 1;
   int micro_batches = 1;     // gradient-accumulation micro-batches per step (per DP rank)
   int micro_batch_size = 4;  // sequences per micro-batch
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb-h1 | zb-v
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
   int virtual_stages = 1;
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
   // LayerNorm and residual regions split over the tp group along the token rows.
@@ -32,7 +34,7 @@ struct ParallelConfig {
   // Relative forward, backward-input and backward-weight times that zb-v plans its order
   // with (and the theoretical bubble is simulated at).
   std::vector<double> schedule_costs = {1, 1, 1};
-  std::string message_mode = "auto";  // auto | grouped | async-sends
+  MessageModeChoice message_mode = MessageModeChoice::Auto;
   double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
 };
 
@@ -41,7 +43,7 @@ struct TrainConfig {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int warmup_steps = 10;
-  std::string lr_schedule = "cosine";  // cosine | linear | constant
+  LrSchedule lr_schedule = LrSchedule::Cosine;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   double beta1 = 0.9;
@@ -51,21 +53,21 @@ struct TrainConfig {
   int eval_every = 0;    // validation every N steps (0: only at the end, if val data exists)
   int eval_batches = 0;  // 0: whole validation set; else at most N micro-batches
   int threads = 0;       // CPU threads for GEMMs; 0: all cores
-  std::string on_nonfinite = "stop";  // stop | skip: what a non-finite loss/grad norm does
+  OnNonfinite on_nonfinite = OnNonfinite::Stop;  // what a non-finite loss/grad norm does
   int max_nonfinite = 5;              // skip: stop after this many such steps in a row
   // Activations and weight copy: auto (bf16 on CUDA, fp32 on the CPU) | bf16 | fp32.
-  std::string precision = "auto";
+  Precision precision = Precision::Auto;
   double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak
-  // CUDA bf16 attention: unfused (batched GEMMs around a softmax) | fused (flash-style).
-  std::string attention = "unfused";
+  // unfused (batched GEMMs around a softmax) | fused (flash-style on CUDA, blocked on CPU).
+  Attention attention = Attention::Unfused;
   // Activation recomputation: none | selective (the attention core) | full (whole layers
   // from their input), on the first recompute_layers layers of each chunk (0: all).
-  std::string recompute = "none";
+  Recompute recompute = Recompute::None;
   int recompute_layers = 0;
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | text | llmc | nanogpt
+  DataSource source = DataSource::Synthetic;
   std::string path;                  // training data file (unused by synthetic)
   std::string val_path;              // validation data file; synthetic: built in
 };
@@ -82,7 +84,7 @@ struct LoggingConfig {
   std::string metrics;      // JSON Lines file; "" disables
   std::string trace;        // Chrome-trace JSON file; "" disables
   std::vector<int> trace_steps;  // steps recorded in the trace
-  std::string level = "info";
+  LogLevel level = LogLevel::Info;
 };
 
 struct Config {
@@ -92,7 +94,7 @@ struct Config {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
-  std::string device = "cpu";  // cpu | auto | cuda
+  Device device = Device::Cpu;
   std::string source_path;     // file the config was read from (for messages)
 };
 

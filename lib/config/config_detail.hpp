@@ -17,7 +17,9 @@ namespace pptrain::config_detail {
 
 // A pointer to the Config member a key decodes into; its type selects the decoder.
 using FieldRef = std::variant<bool*, int*, uint64_t*, double*, std::string*, std::vector<int>*,
-                              std::vector<double>*>;
+                              std::vector<double>*, ScheduleKind*, MessageModeChoice*,
+                              Precision*, Attention*, Recompute*, OnNonfinite*, LrSchedule*,
+                              DataSource*, LogLevel*, Device*>;
 
 // One known key. `section` is empty for top-level scalars (only `device`).
 struct Field {
@@ -28,6 +30,9 @@ struct Field {
 
 // Every key, in the order to_yaml writes them (sections in their struct order).
 std::span<const Field> fields();
+
+// The names a choice key takes (names_of its enum); empty for other keys.
+std::span<const std::string_view> choice_names(const FieldRef& ref);
 
 // The section names, in order.
 std::span<const char* const> sections();

@@ -86,6 +86,17 @@ class Decoder {
                                   std::to_string(kMaxStringBytes) + " allowed (" +
                                   describe(node) + ")");
   }
+  // One of the enum's names (a plain or quoted scalar).
+  template <Choice E>
+  void decode(const std::string& key, const YAML::Node& node, E& out) {
+    const std::string name = node.IsScalar() ? node.Scalar() : std::string();
+    if (!node.IsNull() && !node.IsScalar()) wrong(key, node, "a string");
+    const std::optional<E> value = parse_choice<E>(name);
+    if (!value)
+      fail_key(origins_, key, "must be one of " + join_names(names_of<E>()) + " (got '" +
+                                  abbreviated(name) + "')");
+    out = *value;
+  }
   template <typename T>
   void decode(const std::string& key, const YAML::Node& node, std::vector<T>& out) {
     out.clear();
@@ -112,6 +123,16 @@ std::string format_double(double v) {
 }
 
 }  // namespace
+
+std::span<const std::string_view> choice_names(const FieldRef& ref) {
+  return std::visit(
+      [](auto* v) -> std::span<const std::string_view> {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (Choice<T>) return names_of<T>();
+        else return {};
+      },
+      ref);
+}
 
 std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "an empty value";
@@ -166,6 +187,8 @@ std::string to_yaml(const Config& config) {
           using T = std::remove_pointer_t<decltype(v)>;
           if constexpr (std::is_same_v<T, bool>) {
             out << (*v ? "true" : "false");
+          } else if constexpr (Choice<T>) {
+            out << YAML::DoubleQuoted << std::string(name_of(*v));
           } else if constexpr (std::is_same_v<T, std::string>) {
             out << YAML::DoubleQuoted << *v;
           } else if constexpr (std::is_same_v<T, double>) {

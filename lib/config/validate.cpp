@@ -44,13 +44,6 @@ class Rules {
   void unit_interval(const char* key, double value) const {  // [0, 1)
     if (!(value >= 0 && value < 1)) fail(key, "must be in [0, 1) (got " + num(value) + ")");
   }
-  void one_of(const char* key, const std::string& value,
-              std::initializer_list<const char*> allowed) const {
-    if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) return;
-    std::string list;
-    for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-    fail(key, "must be one of " + list + " (got '" + abbreviated(value) + "')");
-  }
   [[noreturn]] void fail(const char* key, const std::string& reason) const {
     fail_key(origins_, key, reason);
   }
@@ -89,8 +82,6 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
   r.in_range("parallel.micro_batches", p.micro_batches, 1, kMaxBatch);
   r.in_range("parallel.micro_batch_size", p.micro_batch_size, 1, kMaxBatch);
   r.in_range("parallel.virtual_stages", p.virtual_stages, 1, kMaxLayers);
-  r.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"});
-  r.one_of("parallel.message_mode", p.message_mode, {"auto", "grouped", "async-sends"});
   if (p.zero != 0 && p.zero != 1)
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
 }
@@ -158,7 +149,6 @@ void validate_train(const TrainConfig& t, const Rules& r) {
     r.fail("train.min_lr", "must be <= train.lr (got min_lr=" + num(t.min_lr) + ", lr=" +
                                num(t.lr) + ")");
   r.at_least("train.warmup_steps", t.warmup_steps, 0);
-  r.one_of("train.lr_schedule", t.lr_schedule, {"cosine", "linear", "constant"});
   r.non_negative("train.weight_decay", t.weight_decay);
   r.non_negative("train.grad_clip", t.grad_clip);
   r.unit_interval("train.beta1", t.beta1);
@@ -167,21 +157,16 @@ void validate_train(const TrainConfig& t, const Rules& r) {
   r.at_least("train.eval_every", t.eval_every, 0);
   r.at_least("train.eval_batches", t.eval_batches, 0);
   r.at_least("train.threads", t.threads, 0);
-  r.one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
   r.at_least("train.max_nonfinite", t.max_nonfinite, 1);
-  r.one_of("train.precision", t.precision, {"auto", "bf16", "fp32"});
-  r.one_of("train.attention", t.attention, {"unfused", "fused"});
-  r.one_of("train.recompute", t.recompute, {"none", "selective", "full"});
   r.at_least("train.recompute_layers", t.recompute_layers, 0);
   r.non_negative("train.peak_tflops", t.peak_tflops);
 }
 
 void validate_data(const Config& c, const Rules& r) {
   const DataConfig& d = c.data;
-  r.one_of("data.source", d.source, {"synthetic", "text", "llmc", "nanogpt"});
-  if (d.source != "synthetic" && d.path.empty())
-    r.fail("data.path", "is required when data.source is '" + d.source + "'");
-  if (d.source == "text" && c.model.vocab_size < 256)
+  if (d.source != DataSource::Synthetic && d.path.empty())
+    r.fail("data.path", "is required when data.source is '" + std::string(name_of(d.source)) + "'");
+  if (d.source == DataSource::Text && c.model.vocab_size < 256)
     r.fail("model.vocab_size", "must be >= 256 for data.source 'text' (byte tokens; got " +
                                    std::to_string(c.model.vocab_size) + ")");
 }
@@ -193,7 +178,6 @@ void validate_checkpoint(const CheckpointConfig& k, const Rules& r) {
 
 void validate_logging(const LoggingConfig& l, const Rules& r) {
   r.at_least("logging.every", l.every, 1);
-  r.one_of("logging.level", l.level, {"debug", "info", "warn", "error"});
   for (std::size_t i = 0; i < l.trace_steps.size(); ++i) {
     if (l.trace_steps[i] < 0)
       r.fail("logging.trace_steps", "entries must be >= 0 (got " +
@@ -213,16 +197,15 @@ void validate(const Config& config, const Origins& origins) {
   validate_data(config, rules);
   validate_checkpoint(config.checkpoint, rules);
   validate_logging(config.logging, rules);
-  rules.one_of("device", config.device, {"cpu", "auto", "cuda"});
   // device auto may still end on the CPU; the backend reports that when it is chosen.
-  if (config.train.precision == "bf16" && config.device == "cpu")
+  if (config.train.precision == Precision::BF16 && config.device == Device::Cpu)
     rules.fail("train.precision", "bf16 needs device cuda or auto; the CPU backend computes in "
                                   "fp32 (got device cpu)");
   // fused: the flash-style kernel on CUDA (bf16 only), the blocked kernel on the CPU.
-  if (config.train.attention == "fused" && config.device != "cpu" &&
-      config.train.precision == "fp32")
+  if (config.train.attention == Attention::Fused && config.device != Device::Cpu &&
+      config.train.precision == Precision::FP32)
     rules.fail("train.attention", "fused on a CUDA device needs bf16 (got device " +
-                                      config.device + ", precision fp32)");
+                                      std::string(name_of(config.device)) + ", precision fp32)");
 }
 
 }  // namespace pptrain::config_detail

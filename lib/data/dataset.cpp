@@ -23,11 +23,6 @@ uint64_t validation_stream(uint64_t seed) {
 }
 
 void check_source_and_model(const DataConfig& data, const ModelConfig& model) {
-  if (data.source != "synthetic" && data.source != "text" && data.source != "llmc" &&
-      data.source != "nanogpt") {
-    throw InputError("data.source: unknown source \"" + data.source +
-                     "\" (expected synthetic, text, llmc or nanogpt)");
-  }
   if (model.vocab_size < 2) {
     throw InputError("model.vocab_size must be >= 2, got " + std::to_string(model.vocab_size));
   }
@@ -64,13 +59,13 @@ TrainData TrainData::open(const DataConfig& data, const ModelConfig& model, uint
   d.path_ = data.path;
   d.seq_len_ = model.seq_len;
   d.stream_ = train_stream(seed);
-  if (data.source == "synthetic") {
+  if (data.source == DataSource::Synthetic) {
     check_synthetic_paths(data);
     d.chain_.emplace(model.vocab_size, seed);
     return d;
   }
   if (data.path.empty()) {
-    throw InputError("data.path: required for data.source " + data.source);
+    throw InputError("data.path: required for data.source " + std::string(name_of(data.source)));
   }
   d.tokens_ = read_token_file(data.source, data.path, model.vocab_size);
   check_long_enough(data.path, d.tokens_.size(), model.seq_len);
@@ -99,13 +94,13 @@ std::string TrainData::describe() const {
                   std::log(double(chain_->vocab_size())));
     return line;
   }
-  return source_ + " " + path_ + ": " + std::to_string(tokens_.size()) + " tokens";
+  return std::string(name_of(source_)) + " " + path_ + ": " + std::to_string(tokens_.size()) + " tokens";
 }
 
 std::vector<int32_t> load_validation_tokens(const DataConfig& data, const ModelConfig& model,
                                             uint64_t seed) {
   check_source_and_model(data, model);
-  if (data.source == "synthetic") {
+  if (data.source == DataSource::Synthetic) {
     check_synthetic_paths(data);
     MarkovChain chain(model.vocab_size, seed);
     const int window = model.seq_len + 1;

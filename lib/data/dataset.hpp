@@ -13,11 +13,11 @@
 
 namespace pptrain {
 
-// Reads a whole token file of format `source` ("text" = raw bytes, one token per byte;
-// "llmc" = llm.c shard: header of 256 int32 little-endian with magic 20240520, version 1,
-// token count, then that many uint16 tokens; "nanogpt" = raw uint16 little-endian tokens).
+// Reads a whole token file of format `source` (text = raw bytes, one token per byte;
+// llmc = llm.c shard: header of 256 int32 little-endian with magic 20240520, version 1,
+// token count, then that many uint16 tokens; nanogpt = raw uint16 little-endian tokens).
 // Checks every token < vocab_size. Throws InputError naming the file and the problem.
-std::vector<int32_t> read_token_file(const std::string& source, const std::string& path,
+std::vector<int32_t> read_token_file(DataSource source, const std::string& path,
                                      int vocab_size);
 
 // The training token stream. Sequence (step, index) is a pure function of
@@ -45,7 +45,7 @@ class TrainData {
  private:
   TrainData() = default;
 
-  std::string source_;
+  DataSource source_ = DataSource::Synthetic;
   std::string path_;
   int seq_len_ = 0;
   uint64_t stream_ = 0;                // key of this run's training draws

@@ -80,20 +80,17 @@ std::vector<int32_t> read_llmc(const InputFile& file, const std::string& path, i
 
 }  // namespace
 
-std::vector<int32_t> read_token_file(const std::string& source, const std::string& path,
+std::vector<int32_t> read_token_file(DataSource source, const std::string& path,
                                      int vocab_size) {
-  if (source != "text" && source != "llmc" && source != "nanogpt") {
-    fail(path, "unknown token file format data.source \"" + source +
-                   "\" (expected text, llmc or nanogpt)");
-  }
-  if (source == "text" && vocab_size < 256) {
+  if (source == DataSource::Synthetic) fail(path, "data.source synthetic reads no token file");
+  if (source == DataSource::Text && vocab_size < 256) {
     fail(path, "data.source text makes one token per byte and needs model.vocab_size >= 256, "
                "got " + std::to_string(vocab_size));
   }
   InputFile file(path);
   if (file.size() == 0) fail(path, "the file is empty");
-  if (source == "text") return read_tokens(file, path, 0, file.size(), 1, vocab_size);
-  if (source == "nanogpt") {
+  if (source == DataSource::Text) return read_tokens(file, path, 0, file.size(), 1, vocab_size);
+  if (source == DataSource::NanoGpt) {
     if (file.size() % 2 != 0) {
       fail(path, "odd size " + std::to_string(file.size()) +
                      " bytes: a nanogpt token file holds uint16 tokens");

@@ -8,22 +8,6 @@
 
 namespace pptrain {
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::None;
-  if (name == "selective") return Recompute::Selective;
-  if (name == "full") return Recompute::Full;
-  throw std::invalid_argument("unknown recompute mode '" + name + "'");
-}
-
-const char* recompute_name(Recompute mode) {
-  switch (mode) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 const char* lifetime_name(Lifetime life) {
   switch (life) {
     case Lifetime::Set: return "kept F..W";

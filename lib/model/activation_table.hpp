@@ -12,11 +12,6 @@
 
 namespace pptrain {
 
-enum class Recompute { None, Selective, Full };
-// "none" | "selective" | "full"; std::invalid_argument otherwise.
-Recompute parse_recompute(const std::string& name);
-const char* recompute_name(Recompute mode);
-
 // What the model keeps and what it recomputes or shards.
 struct ActivationPolicy {
   Recompute recompute = Recompute::None;

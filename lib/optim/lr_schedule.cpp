@@ -15,13 +15,14 @@ double learning_rate(const TrainConfig& train, int64_t step) {
 
   const double span = double(std::max<int64_t>(1, int64_t(train.steps) - warmup));
   const double progress = std::clamp(double(step - warmup) / span, 0.0, 1.0);
-  if (train.lr_schedule == "cosine")
-    return train.min_lr +
-           0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (train.lr - train.min_lr);
-  if (train.lr_schedule == "linear") return train.lr + progress * (train.min_lr - train.lr);
-  if (train.lr_schedule == "constant") return train.lr;
-  throw InputError("train.lr_schedule: unknown schedule '" + train.lr_schedule +
-                   "' (expected cosine, linear or constant)");
+  switch (train.lr_schedule) {
+    case LrSchedule::Cosine:
+      return train.min_lr +
+             0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (train.lr - train.min_lr);
+    case LrSchedule::Linear: return train.lr + progress * (train.min_lr - train.lr);
+    case LrSchedule::Constant: return train.lr;
+  }
+  return train.lr;
 }
 
 }  // namespace pptrain

@@ -10,7 +10,7 @@ namespace pptrain {
 // step < warmup_steps, then decay from lr to min_lr over the remaining steps
 // (progress = (step - warmup) / max(1, steps - warmup), clamped to [0,1]):
 // cosine: min_lr + 0.5*(1+cos(pi*progress))*(lr-min_lr); linear: lr + progress*(min_lr-lr);
-// constant: lr. An unknown train.lr_schedule throws InputError.
+// constant: lr.
 double learning_rate(const TrainConfig& train, int64_t step);
 
 }  // namespace pptrain

@@ -9,30 +9,9 @@
 
 namespace pptrain {
 
-ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "interleaved") return ScheduleKind::Interleaved;
-  if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
-  if (name == "zb-v") return ScheduleKind::ZeroBubbleV;
-  throw std::invalid_argument("unknown pipeline schedule '" + name +
-                              "' (expected gpipe, 1f1b, interleaved, zb-h1 or zb-v)");
-}
-
-std::string schedule_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
-    case ScheduleKind::ZeroBubbleH1: return "zb-h1";
-    case ScheduleKind::ZeroBubbleV: return "zb-v";
-  }
-  return "?";
-}
-
 std::string schedule_constraint_error(ScheduleKind kind, int pp, int micro_batches,
                                       int virtual_stages) {
-  const std::string name = schedule_name(kind);
+  const std::string name(name_of(kind));
   if (pp < 1) return "pp must be >= 1 (got " + std::to_string(pp) + ")";
   if (micro_batches < 1)
     return "micro_batches must be >= 1 (got " + std::to_string(micro_batches) + ")";

@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.hpp"
 #include "pipeline/placement.hpp"
 
 namespace pptrain {
-
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
-
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-v"; std::invalid_argument otherwise.
-ScheduleKind parse_schedule(const std::string& name);
-std::string schedule_name(ScheduleKind kind);
 
 // "" when the schedule can run with these sizes, otherwise the reason in one line.
 // All kinds need pp, micro_batches, virtual_stages >= 1. gpipe, 1f1b and zb-h1 need

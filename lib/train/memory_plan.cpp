@@ -55,8 +55,8 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
     layouts.push_back(chunk_activation_layout(shape, policy, n, ch.first, ch.last));
     fused.push_back(policy.fused_backward(n));
   }
-  const ScheduleKind kind = parse_schedule(p.schedule);
-  const bool device = be.compute != DType::F32 || c.device == "cuda";
+  const ScheduleKind kind = p.schedule;
+  const bool device = be.compute != DType::F32 || c.device == Device::Cuda;
   // A set is freed once its sends have completed, and a send that rendezvouses completes
   // when its consumer posts the receive: the grouped batching gives each message the
   // round its consumer starts in. With sends in the background the rank holds what both

@@ -22,13 +22,10 @@ namespace {
 // The backend the run would get on this machine, as the memory plan needs it.
 BackendTraits backend_traits(const Config& c, bool cuda) {
   BackendTraits t;
-  t.compute = cuda && c.train.precision != "fp32" ? DType::BF16 : DType::F32;
-  t.logsumexp_attention = c.train.attention == "fused" && (!cuda || t.compute == DType::BF16);
+  t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
+  t.logsumexp_attention =
+      c.train.attention == Attention::Fused && (!cuda || t.compute == DType::BF16);
   return t;
-}
-bool runs_on_cuda(const Config& c) {
-  const int gpus = c.device == "cpu" ? 0 : ops::cuda_device_count();
-  return c.device == "cuda" || (c.device == "auto" && gpus > 0);
 }
 double to_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 }  // namespace
@@ -41,10 +38,10 @@ std::string describe_plan_json(const Config& c) {
       {"config", c.source_path},
       {"world_size", world_size(c)},
       {"device", cuda ? "cuda" : "cpu"},
-      {"recompute", c.train.recompute},
+      {"recompute", name_of(c.train.recompute)},
       {"recompute_layers", c.train.recompute_layers},
       {"sequence_parallel", c.parallel.sequence_parallel},
-      {"schedule", c.parallel.schedule},
+      {"schedule", name_of(c.parallel.schedule)},
       {"heaviest_rank", {{"stage", r.stage}, {"tp_rank", r.tp_rank}}},
       {"predicted_peak_memory_mib", to_mib(r.total())},
       {"memory_mib",
@@ -67,7 +64,7 @@ std::string describe_plan(const Config& c) {
   const ParamLayout layout = gpt_param_layout(m);
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
   const auto val = load_validation_tokens(c.data, m, c.train.seed);
-  const int gpus = c.device == "cpu" ? 0 : ops::cuda_device_count();
+  const int gpus = visible_gpus(c);
   const bool cuda = runs_on_cuda(c);
   const BackendTraits traits = backend_traits(c, cuda);
   const DType act_type = traits.compute;
@@ -89,10 +86,10 @@ std::string describe_plan(const Config& c) {
   line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
                                  double(layout.hf_param_count()) / 1e6));
   line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp, p.pp, p.dp,
-                             world_size(c), p.schedule,
+                             world_size(c), name_of(p.schedule),
                              p.sequence_parallel ? ", sequence parallel" : ""));
   check_schedule(c);
-  const ScheduleKind kind = parse_schedule(p.schedule);
+  const ScheduleKind kind = p.schedule;
   std::string split;
   for (const auto& [b, e] : split_layers(m.n_layer, p.pp * p.virtual_stages, p.layers_per_stage))
     split += (split.empty() ? "" : ",") + std::to_string(e - b);
@@ -103,8 +100,8 @@ std::string describe_plan(const Config& c) {
                                                   message_mode(c, cuda), planned_costs(c)),
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));
   const RankMemory r = predict_peak_memory(c, traits);
-  line("recompute", fmt::format("{}{}", c.train.recompute,
-                                c.train.recompute != "none" && c.train.recompute_layers > 0
+  line("recompute", fmt::format("{}{}", name_of(c.train.recompute),
+                                c.train.recompute != Recompute::None && c.train.recompute_layers > 0
                                     ? fmt::format(" (first {} layer(s) of each chunk)",
                                                   c.train.recompute_layers)
                                     : std::string()));
@@ -130,7 +127,7 @@ std::string describe_plan(const Config& c) {
                              mib(2 * arena)));
   line("optimizer", fmt::format("AdamW lr {} -> {} ({}, {} warmup steps), weight decay {}, "
                                 "grad clip {}",
-                                c.train.lr, c.train.min_lr, c.train.lr_schedule,
+                                c.train.lr, c.train.min_lr, name_of(c.train.lr_schedule),
                                 c.train.warmup_steps, c.train.weight_decay, c.train.grad_clip));
   line("data", data.describe());
   line("validation", val.empty() ? std::string("none")
@@ -140,11 +137,11 @@ std::string describe_plan(const Config& c) {
                           ? std::string("disabled")
                           : fmt::format("{} every {} steps, keep {}, resume '{}'", c.checkpoint.dir,
                                         c.checkpoint.every, c.checkpoint.keep, c.checkpoint.resume));
-  line("device", fmt::format("{}{}{}, {} activations{}", c.device == "auto" ? "auto -> " : "",
+  line("device", fmt::format("{}{}{}, {} activations{}", c.device == Device::Auto ? "auto -> " : "",
                              cuda ? "cuda" : "cpu",
                              cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
                              dtype_name(act_type),
-                             c.train.attention == "fused" ? ", fused attention" : ""));
+                             c.train.attention == Attention::Fused ? ", fused attention" : ""));
   out += "activations  one micro-batch's buffers (a layer, then the head), as kept under this "
          "config:\n" + describe_activation_table(activation_shape(c, traits), activation_policy(c));
   return out;

@@ -11,17 +11,23 @@
 
 namespace pptrain {
 
+int visible_gpus(const Config& config) {
+  return config.device == Device::Cpu ? 0 : ops::cuda_device_count();  // the CPU never asks
+}
+
+bool runs_on_cuda(const Config& config) {
+  return config.device == Device::Cuda || (config.device == Device::Auto && visible_gpus(config) > 0);
+}
+
 std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
-  const std::string& device = config.device;
-  // A CPU run never touches the CUDA runtime.
-  const int gpus = device == "cpu" ? 0 : ops::cuda_device_count();
-  const bool cuda = device == "cuda" || (device == "auto" && gpus > 0);
-  if (!cuda) {
-    if (config.train.precision == "bf16")
+  const bool fused = config.train.attention == Attention::Fused;
+  if (!runs_on_cuda(config)) {
+    if (config.train.precision == Precision::BF16)
       throw InputError(config.source_path +
                        ": train.precision: bf16 needs a CUDA device, and device: auto found none");
-    return ops::make_cpu_ops(config.train.threads, config.train.attention == "fused");
+    return ops::make_cpu_ops(config.train.threads, fused);
   }
+  const int gpus = visible_gpus(config);
   if (!ops::cuda_backend_built())
     throw InputError(config.source_path +
                      ": device: cuda, but this build has no CUDA backend (it was built without "
@@ -29,26 +35,26 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
   if (gpus == 0)
     throw InputError(config.source_path +
                      ": device: cuda, but no CUDA device is visible; use device: cpu or auto");
-  const DType dtype = config.train.precision == "fp32" ? DType::F32 : DType::BF16;
-  return ops::make_cuda_ops(local_rank % gpus, dtype, config.train.attention == "fused");
+  const DType dtype = config.train.precision == Precision::FP32 ? DType::F32 : DType::BF16;
+  return ops::make_cuda_ops(local_rank % gpus, dtype, fused);
 }
 
 void check_schedule(const Config& c) {
   const auto& p = c.parallel;
-  const std::string why = schedule_constraint_error(parse_schedule(p.schedule), p.pp,
+  const std::string why = schedule_constraint_error(p.schedule, p.pp,
                                                     p.micro_batches, p.virtual_stages);
   if (!why.empty()) throw InputError(c.source_path + ": parallel.schedule: " + why);
 }
 
 Placement placement_of(const Config& c) {
-  return schedule_placement(parse_schedule(c.parallel.schedule), c.parallel.pp,
+  return schedule_placement(c.parallel.schedule, c.parallel.pp,
                             c.parallel.virtual_stages);
 }
 
 MessageMode message_mode(const Config& c, bool device_memory) {
-  const std::string& mode = c.parallel.message_mode;
-  if (mode == "grouped") return MessageMode::Grouped;
-  if (mode == "async-sends") {
+  const MessageModeChoice mode = c.parallel.message_mode;
+  if (mode == MessageModeChoice::Grouped) return MessageMode::Grouped;
+  if (mode == MessageModeChoice::AsyncSends) {
     if (device_memory)
       throw InputError(c.source_path + ": parallel.message_mode: async-sends needs CPU ranks "
                                        "(a send on NCCL holds its stream until received); use "
@@ -65,10 +71,10 @@ StageCosts planned_costs(const Config& c) {
 
 ActivationPolicy activation_policy(const Config& c) {
   ActivationPolicy p;
-  p.recompute = parse_recompute(c.train.recompute);
+  p.recompute = c.train.recompute;
   p.recompute_layers = c.train.recompute_layers;
   p.sequence_parallel = c.parallel.sequence_parallel;
-  p.weight_follows_input = weight_follows_input(parse_schedule(c.parallel.schedule));
+  p.weight_follows_input = weight_follows_input(c.parallel.schedule);
   return p;
 }
 
@@ -106,7 +112,7 @@ Session::Session(const Config& config)
             pipeline_partition(config.model, placement_of(config), coord.pp, grid.tp(), coord.tp,
                                config.parallel.layers_per_stage),
             comms.tp_for_model(), activation_policy(config)),
-      executor(model, comms.world_for_model(), grid.pp_group(rank), parse_schedule(config.parallel.schedule),
+      executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}
 

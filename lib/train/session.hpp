@@ -16,6 +16,10 @@
 
 namespace pptrain {
 
+// The CUDA devices this config may use (0 for device: cpu, without asking the runtime),
+// and whether it runs on CUDA: device cuda, or auto with a device visible.
+int visible_gpus(const Config& config);
+bool runs_on_cuda(const Config& config);
 // The backend for config.device: "cpu"; "cuda" (InputError when this build has no CUDA
 // backend or no device is visible) on device local_rank modulo the device count, in
 // train.precision; "auto": CUDA when a device is visible, else the CPU (where

@@ -155,10 +155,10 @@ RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
       sync_(s),
       opt_(*s.ops, s.model.layout(), cfg_.train, sync_.begin(), sync_.end()),
       mode_(message_mode(cfg_, s.ops->device_memory())),
-      pipeline_steps_(build_all_steps(parse_schedule(cfg_.parallel.schedule), cfg_.parallel.pp,
+      pipeline_steps_(build_all_steps(cfg_.parallel.schedule, cfg_.parallel.pp,
                                       cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
                                       mode_, planned_costs(cfg_))),
-      bubble_theory_(theoretical_bubble(parse_schedule(cfg_.parallel.schedule), cfg_.parallel.pp,
+      bubble_theory_(theoretical_bubble(cfg_.parallel.schedule, cfg_.parallel.pp,
                                         cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
                                         mode_, planned_costs(cfg_))),
       peak_tflops_(peak_tflops_for(cfg_.train.peak_tflops, s.ops->device_model())),
@@ -235,7 +235,7 @@ void RankTrainer::log_start() const {
   spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
                "schedule {} (theoretical bubble {:.3f})",
                gpt_param_layout(cfg_.model).hf_param_count(), tokens_per_step(cfg_), par.tp,
-               par.pp, par.dp, s_.grid.world_size(), par.schedule, bubble_theory_);
+               par.pp, par.dp, s_.grid.world_size(), name_of(par.schedule), bubble_theory_);
   spdlog::info("backend: {}{}", s_.ops->name(),
                peak_tflops_ > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops_)
                                 : std::string());
@@ -300,7 +300,7 @@ void RankTrainer::apply_update(int64_t step, double loss, double norm, double lr
   }
   const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                            ", grad norm " + std::to_string(norm) + " is not finite";
-  if (cfg_.train.on_nonfinite == "stop" || ++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite)
+  if (cfg_.train.on_nonfinite == OnNonfinite::Stop || ++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite)
     throw std::runtime_error(what + "; stopping before the update");
   if (s_.logs()) spdlog::warn("{}; update skipped ({} in a row)", what, nonfinite_in_a_row_);
 }

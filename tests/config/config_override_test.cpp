@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "config/config_detail.hpp"
 #include "config_compare.hpp"
 #include "core/error.hpp"
 
@@ -35,7 +36,7 @@ TEST(ConfigOverride, AddsMissingKeyAndMissingSection) {
   EXPECT_EQ(c.train.steps, 10);
   EXPECT_EQ(c.checkpoint.resume, "auto");
   EXPECT_EQ(c.checkpoint.keep, CheckpointConfig{}.keep);
-  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.device, Device::Auto);
   EXPECT_EQ(c.model.n_layer, 4);
 }
 
@@ -79,7 +80,7 @@ Config non_default_config() {
   c.model = {5, 3, 96, 17, 50257};
   c.parallel.micro_batches = 8;
   c.parallel.micro_batch_size = 3;
-  c.parallel.schedule = "interleaved";
+  c.parallel.schedule = ScheduleKind::Interleaved;
   c.parallel.virtual_stages = 2;
   c.parallel.zero = 1;
   c.parallel.dp = 2;
@@ -91,7 +92,7 @@ Config non_default_config() {
   c.train.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits
   c.train.min_lr = 1.0 / 3.0 * 1e-5;
   c.train.warmup_steps = 0;
-  c.train.lr_schedule = "constant";
+  c.train.lr_schedule = LrSchedule::Constant;
   c.train.weight_decay = 0.0;
   c.train.grad_clip = 1e-300;
   c.train.beta1 = 0.1;
@@ -101,15 +102,15 @@ Config non_default_config() {
   c.train.eval_every = 50;
   c.train.eval_batches = 9;
   c.train.threads = 3;
-  c.train.precision = "bf16";
+  c.train.precision = Precision::BF16;
   c.train.peak_tflops = 989.5;
   c.parallel.schedule_costs = {1, 1.07, 0.7000000000000001};
-  c.parallel.message_mode = "grouped";
-  c.train.attention = "fused";
-  c.data = {"llmc", "data/train: #1 \"x\".bin", "~"};
+  c.parallel.message_mode = MessageModeChoice::Grouped;
+  c.train.attention = Attention::Fused;
+  c.data = {DataSource::Llmc, "data/train: #1 \"x\".bin", "~"};
   c.checkpoint = {"true", 100, 2, "123"};
-  c.logging = {7, "null", "", {0, 5, 10}, "warn"};
-  c.device = "cuda";
+  c.logging = {7, "null", "", {0, 5, 10}, LogLevel::Warn};
+  c.device = Device::Cuda;
   c.source_path = "rt.yaml";
   return c;
 }
@@ -245,6 +246,40 @@ TEST(ConfigDocs, ListEveryKeyWithItsDefault) {
   EXPECT_EQ(keys, 52);
 }
 
+std::string read_source_file(const std::string& relative) {
+  std::ifstream in(std::string(PPTRAIN_SOURCE_DIR) + "/" + relative);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Each choice key's row in docs/config.md names every value of its enum's name table,
+// and the fuzz dictionary holds every key and every name.
+TEST(ConfigDocs, ChoiceNamesComeFromTheTables) {
+  const std::string docs = read_source_file("docs/config.md");
+  const std::string dict = read_source_file("fuzz/config.dict");
+  int choice_keys = 0;
+  for (const config_detail::Field& f : config_detail::fields()) {
+    const std::string dotted = config_detail::dotted(f);
+    EXPECT_NE(dict.find("\"" + std::string(f.key) + "\""), std::string::npos)
+        << "fuzz/config.dict lacks " << f.key;
+    Config c;
+    const auto names = config_detail::choice_names(f.ref(c));
+    if (names.empty()) continue;
+    ++choice_keys;
+    const auto at = docs.find("| `" + dotted + "` |");
+    ASSERT_NE(at, std::string::npos) << dotted;
+    const std::string row = docs.substr(at, docs.find('\n', at) - at);
+    for (std::string_view name : names) {
+      EXPECT_NE(row.find("`" + std::string(name) + "`"), std::string::npos)
+          << "docs/config.md's row of " << dotted << " lacks `" << name << "`";
+      EXPECT_NE(dict.find("\"" + std::string(name) + "\""), std::string::npos)
+          << "fuzz/config.dict lacks " << name;
+    }
+  }
+  EXPECT_EQ(choice_keys, 10);
+}
+
 TEST(ConfigDocs, ExampleIsValid) {
   std::ifstream in(std::string(PPTRAIN_SOURCE_DIR) + "/docs/config.md");
   std::stringstream docs;
@@ -255,7 +290,7 @@ TEST(ConfigDocs, ExampleIsValid) {
   start += 8;
   std::string example = text.substr(start, text.find("```", start) - start);
   Config c = parse_config(example, "example.yaml");
-  EXPECT_EQ(c.data.source, "text");
+  EXPECT_EQ(c.data.source, DataSource::Text);
   EXPECT_EQ(c.logging.trace_steps, (std::vector<int>{10, 11}));
 }
 

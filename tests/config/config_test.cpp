@@ -252,7 +252,7 @@ device: auto
   EXPECT_EQ(c.model.vocab_size, 300);
   EXPECT_EQ(c.parallel.micro_batches, 5);
   EXPECT_EQ(c.parallel.micro_batch_size, 2);
-  EXPECT_EQ(c.parallel.schedule, "zb-h1");
+  EXPECT_EQ(c.parallel.schedule, ScheduleKind::ZeroBubbleH1);
   EXPECT_EQ(c.parallel.virtual_stages, 2);
   EXPECT_EQ(c.parallel.zero, 1);
   EXPECT_TRUE(c.parallel.sequence_parallel);
@@ -260,7 +260,7 @@ device: auto
   EXPECT_EQ(c.train.lr, 3e-4);
   EXPECT_EQ(c.train.min_lr, 0.0);
   EXPECT_EQ(c.train.warmup_steps, 2);
-  EXPECT_EQ(c.train.lr_schedule, "linear");
+  EXPECT_EQ(c.train.lr_schedule, LrSchedule::Linear);
   EXPECT_EQ(c.train.weight_decay, 0.0);
   EXPECT_EQ(c.train.grad_clip, 0.5);
   EXPECT_EQ(c.train.beta1, 0.8);
@@ -270,9 +270,9 @@ device: auto
   EXPECT_EQ(c.train.eval_every, 3);
   EXPECT_EQ(c.train.eval_batches, 4);
   EXPECT_EQ(c.train.threads, 2);
-  EXPECT_EQ(c.train.precision, "bf16");
+  EXPECT_EQ(c.train.precision, Precision::BF16);
   EXPECT_EQ(c.train.peak_tflops, 756.5);
-  EXPECT_EQ(c.data.source, "text");
+  EXPECT_EQ(c.data.source, DataSource::Text);
   EXPECT_EQ(c.data.path, "train.txt");
   EXPECT_EQ(c.data.val_path, "val.txt");
   EXPECT_EQ(c.checkpoint.dir, "ckpt");
@@ -283,8 +283,8 @@ device: auto
   EXPECT_EQ(c.logging.metrics, "m.jsonl");
   EXPECT_EQ(c.logging.trace, "t.json");
   EXPECT_EQ(c.logging.trace_steps, (std::vector<int>{3, 4}));
-  EXPECT_EQ(c.logging.level, "debug");
-  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(c.logging.level, LogLevel::Debug);
+  EXPECT_EQ(c.device, Device::Auto);
   EXPECT_EQ(c.source_path, "good.yaml");
 }
 
@@ -299,21 +299,21 @@ TEST(ConfigDecode, DefaultsWhenSectionsAbsentOrEmpty) {
   Config c = parse_config("train:\n  steps: 3\n", "d.yaml");
   EXPECT_EQ(c.train.steps, 3);
   EXPECT_EQ(c.train.lr, TrainConfig{}.lr);
-  EXPECT_EQ(c.train.lr_schedule, "cosine");
+  EXPECT_EQ(c.train.lr_schedule, LrSchedule::Cosine);
 }
 
 TEST(ConfigDecode, PrecisionAndPeak) {
   Config d = parse_config("", "p.yaml");
-  EXPECT_EQ(d.train.precision, "auto");
+  EXPECT_EQ(d.train.precision, Precision::Auto);
   EXPECT_EQ(d.train.peak_tflops, 0.0);
   // bf16 is refused only where the device is certainly the CPU.
   for (const char* device : {"auto", "cuda"})
     EXPECT_EQ(parse_config("", "p.yaml", {"train.precision=bf16", std::string("device=") + device})
                   .train.precision,
-              "bf16");
+              Precision::BF16);
   for (const char* precision : {"auto", "fp32"})
     EXPECT_EQ(parse_config("", "p.yaml", {std::string("train.precision=") + precision}).device,
-              "cpu");
+              Device::Cpu);
   EXPECT_EQ(parse_config("train: {peak_tflops: 989}\n", "p.yaml").train.peak_tflops, 989.0);
 }
 

@@ -86,7 +86,7 @@ ModelConfig model_with(int vocab, int seq_len) {
   return m;
 }
 
-DataConfig data_with(const std::string& source, const std::string& path = "",
+DataConfig data_with(DataSource source, const std::string& path = "",
                      const std::string& val_path = "") {
   DataConfig d;
   d.source = source;
@@ -106,33 +106,34 @@ TEST_F(TokenFiles, ReadsEachFormat) {
   text.push_back('\0');
   text.push_back(char(0xff));
   std::vector<int32_t> text_tokens = {'h', 'e', 'l', 'l', 'o', '\n', 0, 255};
-  EXPECT_EQ(read_token_file("text", write("a.txt", text), 256), text_tokens);
+  EXPECT_EQ(read_token_file(DataSource::Text, write("a.txt", text), 256), text_tokens);
 
   std::vector<int32_t> wide = {0, 1, 255, 256, 50256, 65535, 7};
-  EXPECT_EQ(read_token_file("llmc", write("a.bin", llmc(wide)), 65536), wide);
-  EXPECT_EQ(read_token_file("nanogpt", write("b.bin", uint16s(wide)), 65536), wide);
+  EXPECT_EQ(read_token_file(DataSource::Llmc, write("a.bin", llmc(wide)), 65536), wide);
+  EXPECT_EQ(read_token_file(DataSource::NanoGpt, write("b.bin", uint16s(wide)), 65536), wide);
 }
 
 TEST_F(TokenFiles, BadFilesNameTheFileAndReason) {
   std::vector<int32_t> ok(40, 5);
   struct Case {
-    std::string source, name, bytes, reason;
+    DataSource source;
+    std::string name, bytes, reason;
   };
   std::vector<int32_t> big = ok;
   big[17] = 300;
   std::vector<Case> cases = {
-      {"llmc", "magic.bin", llmc_header(123, 1, 40) + uint16s(ok),
+      {DataSource::Llmc, "magic.bin", llmc_header(123, 1, 40) + uint16s(ok),
        "bad magic 123 (expected 20240520 for an llm.c token shard)"},
-      {"llmc", "version.bin", llmc_header(20240520, 2, 40) + uint16s(ok), "version 2"},
-      {"llmc", "short.bin", llmc(ok).substr(0, 1024 + 79), "truncated"},
-      {"llmc", "trailing.bin", llmc(ok) + "xyz", "3 trailing bytes"},
-      {"llmc", "header.bin", std::string(100, 'x'), "too short for an llm.c token shard"},
-      {"llmc", "nothing.bin", llmc_header(20240520, 1, 0), "holds no tokens"},
-      {"llmc", "big.bin", llmc(big), "token 300 at position 17 is >= model.vocab_size 256"},
-      {"nanogpt", "odd.bin", uint16s(ok) + "x", "odd size 81 bytes"},
-      {"nanogpt", "big2.bin", uint16s(big), "token 300 at position 17 is >= model.vocab_size 256"},
-      {"nanogpt", "empty.bin", "", "empty"},
-      {"text", "empty.txt", "", "empty"},
+      {DataSource::Llmc, "version.bin", llmc_header(20240520, 2, 40) + uint16s(ok), "version 2"},
+      {DataSource::Llmc, "short.bin", llmc(ok).substr(0, 1024 + 79), "truncated"},
+      {DataSource::Llmc, "trailing.bin", llmc(ok) + "xyz", "3 trailing bytes"},
+      {DataSource::Llmc, "header.bin", std::string(100, 'x'), "too short for an llm.c token shard"},
+      {DataSource::Llmc, "nothing.bin", llmc_header(20240520, 1, 0), "holds no tokens"},
+      {DataSource::Llmc, "big.bin", llmc(big), "token 300 at position 17 is >= model.vocab_size 256"},
+      {DataSource::NanoGpt, "odd.bin", uint16s(ok) + "x", "odd size 81 bytes"},
+      {DataSource::NanoGpt, "big2.bin", uint16s(big), "token 300 at position 17 is >= model.vocab_size 256"},
+      {DataSource::NanoGpt, "empty.bin", "", "empty"},
+      {DataSource::Text, "empty.txt", "", "empty"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -140,35 +141,33 @@ TEST_F(TokenFiles, BadFilesNameTheFileAndReason) {
     expect_input_error([&] { read_token_file(c.source, path, 256); }, path, c.reason);
   }
   std::string missing = (dir_ / "missing.bin").string();
-  expect_input_error([&] { read_token_file("nanogpt", missing, 256); }, missing,
+  expect_input_error([&] { read_token_file(DataSource::NanoGpt, missing, 256); }, missing,
                      "No such file or directory");
-  expect_input_error([&] { read_token_file("nanogpt", dir_.string(), 256); }, dir_.string(),
+  expect_input_error([&] { read_token_file(DataSource::NanoGpt, dir_.string(), 256); }, dir_.string(),
                      "not a regular file");
   std::string txt = write("small_vocab.txt", "abc");
-  expect_input_error([&] { read_token_file("text", txt, 100); }, txt, "model.vocab_size >= 256");
+  expect_input_error([&] { read_token_file(DataSource::Text, txt, 100); }, txt, "model.vocab_size >= 256");
 }
 
 TEST_F(TokenFiles, TooShortForSeqLen) {
   std::string path = write("five.bin", uint16s({1, 2, 3, 4, 5}));
-  expect_input_error([&] { TrainData::open(data_with("nanogpt", path), model_with(256, 8), 1); },
+  expect_input_error([&] { TrainData::open(data_with(DataSource::NanoGpt, path), model_with(256, 8), 1); },
                      path, "holds 5 tokens, fewer than seq_len+1 = 9");
   expect_input_error(
-      [&] { load_validation_tokens(data_with("nanogpt", path, path), model_with(256, 8), 1); },
+      [&] { load_validation_tokens(data_with(DataSource::NanoGpt, path, path), model_with(256, 8), 1); },
       path, "holds 5 tokens, fewer than seq_len+1 = 9");
   // Exactly seq_len+1 tokens: the one window is the whole file.
-  auto d = TrainData::open(data_with("nanogpt", path), model_with(256, 4), 1);
+  auto d = TrainData::open(data_with(DataSource::NanoGpt, path), model_with(256, 4), 1);
   EXPECT_EQ(seq(d, 3, 2), std::vector<int32_t>({1, 2, 3, 4, 5}));
 }
 
 TEST_F(TokenFiles, ConfigMistakes) {
-  expect_input_error([] { TrainData::open(data_with("llmc"), model_with(256, 8), 1); },
+  expect_input_error([] { TrainData::open(data_with(DataSource::Llmc), model_with(256, 8), 1); },
                      "data.path", "required");
-  expect_input_error([] { TrainData::open(data_with("bogus", "x"), model_with(256, 8), 1); },
-                     "data.source", "unknown source \"bogus\"");
-  expect_input_error([] { TrainData::open(data_with("synthetic", "x"), model_with(256, 8), 1); },
+  expect_input_error([] { TrainData::open(data_with(DataSource::Synthetic, "x"), model_with(256, 8), 1); },
                      "data.path", "synthetic");
   expect_input_error(
-      [] { load_validation_tokens(data_with("synthetic", "", "v"), model_with(256, 8), 1); },
+      [] { load_validation_tokens(data_with(DataSource::Synthetic, "", "v"), model_with(256, 8), 1); },
       "data.val_path", "synthetic");
 }
 
@@ -177,9 +176,9 @@ TEST_F(TokenFiles, FileSequencesAreDeterministicWindows) {
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 60000);
   std::string path = write("train.bin", llmc(tokens));
   const int seq_len = 16;
-  auto a = TrainData::open(data_with("llmc", path), model_with(60000, seq_len), 42);
-  auto b = TrainData::open(data_with("llmc", path), model_with(60000, seq_len), 42);
-  auto other_seed = TrainData::open(data_with("llmc", path), model_with(60000, seq_len), 43);
+  auto a = TrainData::open(data_with(DataSource::Llmc, path), model_with(60000, seq_len), 42);
+  auto b = TrainData::open(data_with(DataSource::Llmc, path), model_with(60000, seq_len), 42);
+  auto other_seed = TrainData::open(data_with(DataSource::Llmc, path), model_with(60000, seq_len), 43);
   EXPECT_EQ(a.num_tokens(), 5000u);
   EXPECT_EQ(a.describe(), "llmc " + path + ": 5000 tokens");
   std::set<int32_t> starts;
@@ -204,8 +203,8 @@ TEST_F(TokenFiles, ValidationFromFile) {
   std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
   std::string train = write("train.bin", uint16s(tokens));
   std::string val = write("val.bin", uint16s(tokens));
-  EXPECT_EQ(load_validation_tokens(data_with("nanogpt", train, val), model_with(10, 4), 1), tokens);
-  EXPECT_TRUE(load_validation_tokens(data_with("nanogpt", train), model_with(10, 4), 1).empty());
+  EXPECT_EQ(load_validation_tokens(data_with(DataSource::NanoGpt, train, val), model_with(10, 4), 1), tokens);
+  EXPECT_TRUE(load_validation_tokens(data_with(DataSource::NanoGpt, train), model_with(10, 4), 1).empty());
 }
 
 TEST(ValidationWindows, Arithmetic) {
@@ -219,9 +218,9 @@ TEST(ValidationWindows, Arithmetic) {
 
 TEST(Synthetic, DeterministicAndKeyed) {
   auto model = model_with(256, 32);
-  auto a = TrainData::open(data_with("synthetic"), model, 7);
-  auto b = TrainData::open(data_with("synthetic"), model, 7);
-  auto c = TrainData::open(data_with("synthetic"), model, 8);
+  auto a = TrainData::open(data_with(DataSource::Synthetic), model, 7);
+  auto b = TrainData::open(data_with(DataSource::Synthetic), model, 7);
+  auto c = TrainData::open(data_with(DataSource::Synthetic), model, 8);
   EXPECT_TRUE(a.synthetic());
   EXPECT_EQ(a.num_tokens(), 0u);
   EXPECT_NE(a.describe().find("synthetic"), std::string::npos);
@@ -240,7 +239,7 @@ TEST(Synthetic, TokensInRangeForAnyVocab) {
     for (int seq_len : {1, 2, 64}) {
       SCOPED_TRACE("vocab " + std::to_string(vocab) + " seq_len " + std::to_string(seq_len));
       auto model = model_with(vocab, seq_len);
-      auto d = TrainData::open(data_with("synthetic"), model, 99);
+      auto d = TrainData::open(data_with(DataSource::Synthetic), model, 99);
       std::set<int32_t> seen;
       for (int64_t step = 0; step < 50; ++step) {
         auto s = seq(d, step, step % 3);
@@ -254,7 +253,7 @@ TEST(Synthetic, TokensInRangeForAnyVocab) {
       if (vocab <= 7) {
         EXPECT_EQ(int(seen.size()), vocab);  // start tokens are uniform
       }
-      auto val = load_validation_tokens(data_with("synthetic"), model, 99);
+      auto val = load_validation_tokens(data_with(DataSource::Synthetic), model, 99);
       ASSERT_EQ(val.size(), std::size_t(64) * (seq_len + 1));
       for (int32_t t : val) ASSERT_TRUE(t >= 0 && t < vocab);
       EXPECT_LT(synthetic_entropy_nats(model), std::log(double(vocab)));
@@ -265,12 +264,12 @@ TEST(Synthetic, TokensInRangeForAnyVocab) {
 TEST(Synthetic, ValidationIsDeterministicAndHeldOut) {
   auto model = model_with(256, 32);
   const int window = model.seq_len + 1;
-  auto val = load_validation_tokens(data_with("synthetic"), model, 5);
-  EXPECT_EQ(val, load_validation_tokens(data_with("synthetic"), model, 5));
-  EXPECT_NE(val, load_validation_tokens(data_with("synthetic"), model, 6));
+  auto val = load_validation_tokens(data_with(DataSource::Synthetic), model, 5);
+  EXPECT_EQ(val, load_validation_tokens(data_with(DataSource::Synthetic), model, 5));
+  EXPECT_NE(val, load_validation_tokens(data_with(DataSource::Synthetic), model, 6));
   ASSERT_EQ(validation_windows(val.size(), model.seq_len), 64);
   std::set<std::vector<int32_t>> train;
-  auto d = TrainData::open(data_with("synthetic"), model, 5);
+  auto d = TrainData::open(data_with(DataSource::Synthetic), model, 5);
   for (int64_t step = 0; step < 4; ++step) {
     for (int64_t index = 0; index < 64; ++index) train.insert(seq(d, step, index));
   }
@@ -284,7 +283,7 @@ TEST(Synthetic, ValidationIsDeterministicAndHeldOut) {
 // and the empirical next-token entropy matches the stated entropy, far below ln(vocab).
 TEST(Synthetic, EntropyFarBelowUniform) {
   auto model = model_with(256, 64);
-  auto d = TrainData::open(data_with("synthetic"), model, 1234);
+  auto d = TrainData::open(data_with(DataSource::Synthetic), model, 1234);
   std::map<int32_t, std::map<int32_t, int>> counts;
   int64_t total = 0;
   for (int64_t step = 0; step < 100; ++step) {

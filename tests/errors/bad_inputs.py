@@ -175,7 +175,7 @@ CASES = [
                          "parallel.schedule=zb-v"]),
     ("C26", [], TRAIN + ["--set", "parallel.schedule_costs=[1, 0, 1]"]),
     ("C27", [], TRAIN + ["--set", "parallel.message_mode=eager"]),
-    ("C28", [F("bad.yaml", "parallel:\n  schedule: " + "x" * 1000000 + "\n")],
+    ("C28", [F("bad.yaml", "data:\n  path: " + "x" * 1000000 + "\n")],
      ["--config", "bad.yaml"]),
     ("C29", [], CHECK + ["--set", "model.vocab_size=2147483600"]),
     ("C30", [], CHECK + ["--set", "parallel.dp=1000000"]),

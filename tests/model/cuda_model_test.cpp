@@ -123,7 +123,7 @@ TEST_P(CudaModelTest, RecomputationChangesNoBit) {
       };
       const std::vector<float> none = run(Recompute::None);
       for (Recompute mode : {Recompute::Selective, Recompute::Full})
-        EXPECT_TRUE(run(mode) == none) << recompute_name(mode) << (fused_attention ? ", fused" : "")
+        EXPECT_TRUE(run(mode) == none) << name_of(mode) << (fused_attention ? ", fused" : "")
                                        << (follows ? "" : ", W deferred");
     }
   }

@@ -121,7 +121,7 @@ TEST(ActivationTable, ModelAllocatesWhatTheTableLists) {
     const std::size_t parts = L.part_bytes[int(Lifetime::Set)] +
                               L.part_bytes[int(Lifetime::UntilB)] +
                               L.part_bytes[int(Lifetime::FromB)];
-    EXPECT_EQ(ops->peak_memory_bytes(), before + parts) << recompute_name(mode);
+    EXPECT_EQ(ops->peak_memory_bytes(), before + parts) << name_of(mode);
   }
 }
 

@@ -130,7 +130,7 @@ TEST(Simulator, EveryScheduleOverASweep) {
         for (int m = 1; m <= 32; ++m) {
           for (int v = 1; v <= 4; ++v) {
             if (!schedule_constraint_error(kind, p, m, v).empty()) continue;
-            SCOPED_TRACE(schedule_name(kind) + " p=" + std::to_string(p) + " m=" +
+            SCOPED_TRACE(std::string(name_of(kind)) + " p=" + std::to_string(p) + " m=" +
                          std::to_string(m) + " v=" + std::to_string(v) +
                          (mode == MessageMode::Grouped ? " grouped" : " async sends"));
             const Placement pl = schedule_placement(kind, p, v);
@@ -211,11 +211,11 @@ TEST(Simulator, UnevenLayerSplits) {
       layers.resize(size_t(2 * v));
       const SimulationResult even = simulate(kind, 2, 4, v);
       const SimulationResult uneven = simulate(kind, 2, 4, v, {}, layers);
-      EXPECT_GT(uneven.bubble, even.bubble) << schedule_name(kind);
+      EXPECT_GT(uneven.bubble, even.bubble) << std::string(name_of(kind));
     }
     std::vector<int> four(size_t(4 * v), 2);
     four[0] = 5;
-    EXPECT_NO_THROW(simulate(kind, 4, 8, v, {}, four)) << schedule_name(kind);
+    EXPECT_NO_THROW(simulate(kind, 4, 8, v, {}, four)) << std::string(name_of(kind));
   }
 }
 

@@ -98,9 +98,10 @@ TEST(Trainer, ResumedRunIsBitIdentical) {
 // same run on 1 and on 3 threads gives the same bits. The shapes are big enough that
 // every op takes its threaded path (several column blocks, several norm chunks).
 TEST(Trainer, ThreadCountDoesNotChangeAnyBit) {
-  for (const std::string attention : {"unfused", "fused"}) {  // fused: the blocked kernel
+  for (const Attention attention : {Attention::Unfused, Attention::Fused}) {  // fused: blocked
     auto run = [&](int threads) {
-      const fs::path dir = fresh_dir("threads_" + attention + std::to_string(threads));
+      const fs::path dir =
+          fresh_dir("threads_" + std::string(name_of(attention)) + std::to_string(threads));
       Config c = tiny(dir, 4);
       c.model = {2, 4, 192, 64, 256};
       c.train.threads = threads;
@@ -114,7 +115,7 @@ TEST(Trainer, ThreadCountDoesNotChangeAnyBit) {
     ASSERT_EQ(three.size(), 4u);
     for (std::size_t i = 0; i < one.size(); ++i) {
       EXPECT_EQ(one[i]["loss"].get<double>(), three[i]["loss"].get<double>())
-          << attention << " step " << i + 1;
+          << name_of(attention) << " step " << i + 1;
       EXPECT_EQ(one[i]["grad_norm"].get<double>(), three[i]["grad_norm"].get<double>());
     }
     auto bytes = [](const fs::path& p) {
@@ -123,7 +124,7 @@ TEST(Trainer, ThreadCountDoesNotChangeAnyBit) {
     };
     EXPECT_EQ(bytes(dir1 / "ckpt" / "step_00000004" / "model.safetensors"),
               bytes(dir3 / "ckpt" / "step_00000004" / "model.safetensors"))
-        << attention;
+        << name_of(attention);
   }
 }
 
