@@ -214,9 +214,9 @@ std::string describe_activation_table(const ActivationShape& shape, const Activa
     const std::string read = std::string(e.read_by_b ? "B" : "") + (e.read_by_w ? "W" : "");
     const Recompute mode = is_layer_slot(e.slot) ? policy.mode_of(0) : Recompute::None;
     // Under SP a sharded buffer holds N/t rows: "N x C" reads "N/t x C".
-    std::string shape = e.shape;
-    if (policy.sequence_parallel && e.sequence_sharded) shape.insert(1, "/t");
-    out += fmt::format("  {:<18}{:<20}{:<7}{:<6}{:>14}  {}\n", e.name, shape, e.written_by,
+    std::string size = e.shape;
+    if (policy.sequence_parallel && e.sequence_sharded) size.insert(1, "/t");
+    out += fmt::format("  {:<18}{:<20}{:<7}{:<6}{:>14}  {}\n", e.name, size, e.written_by,
                        read.empty() ? "-" : read, bytes, lifetime_name(slot_lifetime(e.slot, mode, policy)));
   }
   return out;

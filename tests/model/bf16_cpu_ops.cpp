@@ -10,7 +10,7 @@ uint16_t to_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   if (std::isnan(x)) return uint16_t((u >> 16) | 0x40);  // keep it a (quiet) NaN
-  u += 0x7fff + ((u >> 16) & 1);                          // round to nearest even
+  u += 0x7fff + ((u >> 16) & 1);                         // round to nearest even
   return uint16_t(u >> 16);
 }
 
@@ -37,10 +37,41 @@ void narrow(Act* p, const std::vector<float>& v) {
   auto* b = reinterpret_cast<uint16_t*>(p);
   for (std::size_t i = 0; i < v.size(); ++i) b[i] = to_bf16(v[i]);
 }
-std::size_t sz(long a, long b = 1, long c = 1, long d = 1) { return std::size_t(a * b * c * d); }
 
-class Bf16CpuOps final : public ops::Ops {
+// How the CPU ops see bf16 Act arrays (see ops::Fp32Forwarding): inputs as widened
+// copies; outputs in fp32 arrays (p's widened values when the op reads them, zeros
+// otherwise) that store() rounds into p.
+struct Bf16Arrays {
+  class Input {
+   public:
+    Input(const Act* p, std::size_t n)
+        : null_(!p), values_(p ? widen(p, n) : std::vector<float>()) {}
+    const float* data() const { return null_ ? nullptr : values_.data(); }
+
+   private:
+    bool null_;
+    std::vector<float> values_;
+  };
+  class Output {
+   public:
+    Output(Act* p, std::size_t n, bool reads)
+        : p_(p), values_(p && reads ? widen(p, n) : std::vector<float>(p ? n : 0)) {}
+    float* data() { return p_ ? values_.data() : nullptr; }
+    void store() const {
+      if (p_) narrow(p_, values_);
+    }
+
+   private:
+    Act* p_;
+    std::vector<float> values_;
+  };
+  static Input input(const Act* p, std::size_t n) { return {p, n}; }
+  static Output output(Act* p, std::size_t n, bool reads) { return {p, n, reads}; }
+};
+
+class Bf16CpuOps final : public ops::Fp32Forwarding<Bf16CpuOps, Bf16Arrays> {
  public:
+  CpuOps& reference() { return cpu_; }
   std::string name() const override { return "cpu (bf16 storage, test backend)"; }
   DType compute_dtype() const override { return DType::BF16; }
   bool device_memory() const override { return false; }
@@ -59,118 +90,33 @@ class Bf16CpuOps final : public ops::Ops {
     const auto v = widen(src, n);
     std::memcpy(dst, v.data(), n * 4);
   }
-  double sum_squares(const std::vector<ops::Span>& spans) override { return cpu_.sum_squares(spans); }
+  double sum_squares(const std::vector<ops::Span>& spans) override {
+    return cpu_.sum_squares(spans);
+  }
   void adamw(float* p, Act* weights, const float* g, float* m, float* v, std::size_t n,
              const ops::AdamWStep& h) override {
     cpu_.adamw(p, nullptr, g, m, v, n, h);
     if (weights) to_compute(weights, p, n);
   }
 
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Act* A, const Act* B,
-            float beta, Act* C) override {
-    auto a = widen(A, sz(M, K)), b = widen(B, sz(K, N)), c = widen(C, sz(M, N));
-    if (beta == 0.0f) c.assign(c.size(), 0.0f);  // C may hold garbage
-    cpu_.gemm(ta, tb, M, N, K, alpha, a.data(), b.data(), beta, c.data());
-    narrow(C, c);
-  }
-  void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
-                          int Cout) override {
-    auto x = widen(inp, sz(N, Cin)), dy = widen(dout, sz(N, Cout));
-    cpu_.gemm(true, false, Cin, Cout, N, 1.0f, x.data(), dy.data(), 1.0f, dw);
-  }
-  void add_bias(Act* out, const Act* bias, int N, int C) override {
-    auto o = widen(out, sz(N, C)), b = widen(bias, sz(C));
-    cpu_.add_bias(o.data(), b.data(), N, C);
-    narrow(out, o);
-  }
-  void bias_backward(float* db, const Act* dout, int N, int C) override {
-    cpu_.bias_backward(db, widen(dout, sz(N, C)).data(), N, C);
-  }
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
-                         const Act* b, int N, int C) override {
-    std::vector<float> o(sz(N, C));
-    cpu_.layernorm_forward(o.data(), mean, rstd, widen(inp, sz(N, C)).data(), widen(w, sz(C)).data(),
-                           widen(b, sz(C)).data(), N, C);
-    narrow(out, o);
-  }
-  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                const float* mean, const float* rstd, int N, int C) override {
-    auto d = widen(dinp, sz(N, C));
-    cpu_.layernorm_backward_input(d.data(), widen(dout, sz(N, C)).data(),
-                                  widen(inp, sz(N, C)).data(), widen(w, sz(C)).data(), mean, rstd,
-                                  N, C);
-    narrow(dinp, d);
-  }
-  void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
-                                 const float* mean, const float* rstd, int N, int C) override {
-    cpu_.layernorm_backward_weight(dw, db, widen(dout, sz(N, C)).data(),
-                                   widen(inp, sz(N, C)).data(), mean, rstd, N, C);
-  }
-  void gelu_forward(Act* out, const Act* inp, std::size_t n) override {
-    std::vector<float> o(n);
-    cpu_.gelu_forward(o.data(), widen(inp, n).data(), n);
-    narrow(out, o);
-  }
-  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override {
-    std::vector<float> d(n);
-    cpu_.gelu_backward(d.data(), widen(inp, n).data(), widen(dout, n).data(), n);
-    narrow(dinp, d);
-  }
+  // The CPU's unblocked attention; its state is the fp32 probabilities.
   std::size_t attention_state_bytes(int B, int T, int NH) const override {
-    return cpu_.attention_state_bytes(B, T, NH);  // fp32 probabilities
+    return cpu_.attention_state_bytes(B, T, NH);
   }
   void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                          int NH) override {
-    std::vector<float> o(sz(B, T, C));
-    cpu_.attention_forward(o.data(), static_cast<float*>(state), widen(qkv, sz(B, T, 3 * C)).data(),
-                           B, T, C, NH);
-    narrow(out, o);
+    Bf16Arrays::Output o(out, elems(B, T, C), false);
+    cpu_.attention_forward(o.data(), static_cast<float*>(state),
+                           Bf16Arrays::Input(qkv, elems(B, T, 3 * C)).data(), B, T, C, NH);
+    o.store();
   }
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
                           const void* state, int B, int T, int C, int NH) override {
-    std::vector<float> d(sz(B, T, 3 * C));
-    cpu_.attention_backward(d.data(), widen(dout, sz(B, T, C)).data(),
-                            widen(qkv, sz(B, T, 3 * C)).data(), static_cast<const float*>(state), B,
-                            T, C, NH);
-    narrow(dqkv, d);
-  }
-  void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vb, int rows,
-                         const Act* wpe, int B, int T, int C) override {
-    std::vector<float> o(sz(B, T, C));
-    const auto pos = wpe ? widen(wpe, sz(T, C)) : std::vector<float>();
-    cpu_.embedding_forward(o.data(), tokens, widen(wte, sz(rows, C)).data(), vb, rows,
-                           wpe ? pos.data() : nullptr, B, T, C);
-    narrow(out, o);
-  }
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                          int vb, int rows, int B, int T, int C) override {
-    cpu_.embedding_backward(dwte, dwpe, widen(dout, sz(B, T, C)).data(), tokens, vb, rows, B, T, C);
-  }
-  void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets, int N,
-                     int V, int Vp, float dloss) override {
-    auto l = widen(logits, sz(N, Vp));
-    cpu_.cross_entropy(losses, dlogits ? l.data() : nullptr, l.data(), targets, N, V, Vp, dloss);
-    if (dlogits) narrow(dlogits, l);
-  }
-  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int cb, int V) override {
-    cpu_.ce_row_max(rowmax, widen(logits, sz(N, Vl)).data(), N, Vl, cb, V);
-  }
-  void ce_partial_sums(float* stats, const Act* logits, const float* rowmax, const int32_t* targets,
-                       int N, int Vl, int cb, int V) override {
-    cpu_.ce_partial_sums(stats, widen(logits, sz(N, Vl)).data(), rowmax, targets, N, Vl, cb, V);
-  }
-  void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
-                 const float* stats, const int32_t* targets, int N, int Vl, int cb, int V,
-                 float dloss) override {
-    auto l = widen(logits, sz(N, Vl));
-    cpu_.ce_finish(losses, dlogits ? l.data() : nullptr, l.data(), rowmax, stats, targets, N, Vl, cb,
-                   V, dloss);
-    if (dlogits) narrow(dlogits, l);
-  }
-  void add(Act* out, const Act* a, const Act* b, std::size_t n) override {
-    std::vector<float> o(n);
-    cpu_.add(o.data(), widen(a, n).data(), widen(b, n).data(), n);
-    narrow(out, o);
+    Bf16Arrays::Output d(dqkv, elems(B, T, 3 * C), false);
+    cpu_.attention_backward(d.data(), Bf16Arrays::Input(dout, elems(B, T, C)).data(),
+                            Bf16Arrays::Input(qkv, elems(B, T, 3 * C)).data(),
+                            static_cast<const float*>(state), B, T, C, NH);
+    d.store();
   }
 
  private:

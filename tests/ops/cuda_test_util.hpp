@@ -1,6 +1,5 @@
 // Helpers for the CUDA backend tests: device detection (the tests skip without one),
-// host-side bf16 rounding as the device does it, and a closeness check that fails on
-// NaN (so an output left unwritten, poisoned with NaN, fails).
+// host-side bf16 rounding as the device does it, and the closeness check (all_close.hpp).
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -8,10 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "all_close.hpp"
 #include "core/dtype.hpp"
 
 namespace pptrain::ops::testing {
@@ -53,30 +52,6 @@ inline std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) {
   return dtype_name(p.param);
 }
 
-// Every |got[i] - want[i]| <= tol * max_j |want[j]|; NaN anywhere fails.
-template <typename W>
-::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<W>& want,
-                                     double tol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  double scale = 0.0;
-  for (const W& w : want) scale = std::fmax(scale, std::fabs(double(w)));
-  const double limit = tol * std::fmax(scale, 1e-30);
-  std::size_t bad = 0, first = 0;
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - double(want[i]));
-    if (!(err <= limit)) {
-      if (bad++ == 0) first = i;
-    }
-    if (err > worst || std::isnan(err)) worst = err;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream s;
-  s << bad << " of " << got.size() << " elements off by more than " << tol << " x max|want| ("
-    << scale << "); first at " << first << ": got " << got[first] << ", want "
-    << double(want[first]) << "; worst error " << worst;
-  return ::testing::AssertionFailure() << s.str();
-}
+using test_support::all_close;
 
 }  // namespace pptrain::ops::testing

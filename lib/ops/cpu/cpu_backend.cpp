@@ -1,6 +1,7 @@
-// CPU backend: the ops::Ops entry points. Memory is host memory and Act arrays are
-// fp32, so each op forwards to its fp32-array implementation; plus the memory
-// functions, AdamW and the squared-norm sums.
+// CPU backend: the ops::Ops entry points that are not a plain fp32 op (those come from
+// Fp32Forwarding, cpu_ops.hpp): the memory functions (host memory), the precision
+// conversions (Act arrays are fp32), AdamW, the squared-norm sums and the choice of
+// attention kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -121,34 +122,6 @@ void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_a
   if (weights && f(weights) != params) copy(weights, params, n * 4);
 }
 
-void CpuOps::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Act* A, const Act* B,
-                  float beta, Act* C) {
-  gemm(ta, tb, M, N, K, alpha, f(A), f(B), beta, f(C));
-}
-void CpuOps::linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
-                                int Cout) {
-  gemm(true, false, Cin, Cout, N, 1.0f, f(inp), f(dout), 1.0f, dw);
-}
-void CpuOps::add_bias(Act* out, const Act* bias, int N, int C) { add_bias(f(out), f(bias), N, C); }
-void CpuOps::bias_backward(float* dbias, const Act* dout, int N, int C) {
-  bias_backward(dbias, f(dout), N, C);
-}
-void CpuOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
-                               const Act* b, int N, int C) {
-  layernorm_forward(f(out), mean, rstd, f(inp), f(w), f(b), N, C);
-}
-void CpuOps::layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                      const float* mean, const float* rstd, int N, int C) {
-  layernorm_backward_input(f(dinp), f(dout), f(inp), f(w), mean, rstd, N, C);
-}
-void CpuOps::layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
-                                       const float* mean, const float* rstd, int N, int C) {
-  layernorm_backward_weight(dw, db, f(dout), f(inp), mean, rstd, N, C);
-}
-void CpuOps::gelu_forward(Act* out, const Act* inp, std::size_t n) { gelu_forward(f(out), f(inp), n); }
-void CpuOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) {
-  gelu_backward(f(dinp), f(inp), f(dout), n);
-}
 std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {
   return ops::attention_state_bytes(blocked_attention_, DType::F32, B, T, NH);
 }
@@ -165,30 +138,5 @@ void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, cons
                                       static_cast<const float*>(state), B, T, C, NH);
   attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH);
 }
-void CpuOps::embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
-                               int vocab_rows, const Act* wpe, int B, int T, int C) {
-  embedding_forward(f(out), tokens, f(wte), vocab_begin, vocab_rows, f(wpe), B, T, C);
-}
-void CpuOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                                int vocab_begin, int vocab_rows, int B, int T, int C) {
-  embedding_backward(dwte, dwpe, f(dout), tokens, vocab_begin, vocab_rows, B, T, C);
-}
-void CpuOps::cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets,
-                           int N, int V, int Vp, float dloss) {
-  cross_entropy(losses, f(dlogits), f(logits), targets, N, V, Vp, dloss);
-}
-void CpuOps::ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) {
-  ce_row_max(rowmax, f(logits), N, Vl, col_begin, V);
-}
-void CpuOps::ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
-                             const int32_t* targets, int N, int Vl, int col_begin, int V) {
-  ce_partial_sums(stats, f(logits), rowmax, targets, N, Vl, col_begin, V);
-}
-void CpuOps::ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
-                       const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
-                       int V, float dloss) {
-  ce_finish(losses, f(dlogits), f(logits), rowmax, stats, targets, N, Vl, col_begin, V, dloss);
-}
-void CpuOps::add(Act* out, const Act* a, const Act* b, std::size_t n) { add(f(out), f(a), f(b), n); }
 
 }  // namespace pptrain::ops

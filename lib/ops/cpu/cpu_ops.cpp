@@ -48,6 +48,11 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
 }
 
+void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin,
+                                int Cout) {
+  gemm(true, false, Cin, Cout, N, 1.0f, inp, dout, 1.0f, dw);
+}
+
 namespace {
 PPTRAIN_WIDE_CLONES
 void add_bias_rows(float* out, const float* bias, int n0, int n1, int C) {

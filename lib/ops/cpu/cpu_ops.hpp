@@ -1,12 +1,15 @@
-// The fp32 CPU backend's class. The rest of the code base sees only pptrain::ops::Ops
-// and make_cpu_ops; tests use the fp32-array overloads directly. The op bodies are spread over
-// cpu_ops.cpp (GEMM, bias, embedding, elementwise), cpu_norm.cpp (LayerNorm, GELU),
-// cpu_loss.cpp (cross-entropy) and cpu_attention.cpp.
+// The fp32 CPU backend's class, and the Act entry points it shares with the bf16-storage
+// test backend (tests/model/bf16_cpu_ops.cpp). The rest of the code base sees only
+// pptrain::ops::Ops and make_cpu_ops; tests use the fp32-array overloads directly. The op
+// bodies are spread over cpu_ops.cpp (GEMM, bias, embedding, elementwise), cpu_norm.cpp
+// (LayerNorm, GELU), cpu_loss.cpp (cross-entropy) and cpu_attention.cpp.
 // An object keeps scratch buffers between calls, so it must not be shared by
 // threads that call it concurrently; results never depend on the scratch contents.
 #pragma once
 #include <cstddef>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "ops/memory_tracker.hpp"
@@ -14,12 +17,162 @@
 
 namespace pptrain::ops {
 
-class CpuOps final : public Ops {
+class CpuOps;
+
+// Act arrays that hold fp32 (the CPU backend's): handed to the fp32 op as they are.
+struct Fp32Arrays {
+  struct Input {
+    const Act* p;
+    const float* data() const { return reinterpret_cast<const float*>(p); }
+  };
+  struct Output {
+    Act* p;
+    float* data() const { return reinterpret_cast<float*>(p); }
+    void store() const {}
+  };
+  static Input input(const Act* p, std::size_t /*n*/) { return {p}; }
+  static Output output(Act* p, std::size_t /*n*/, bool /*reads*/) { return {p}; }
+};
+
+// Every ops::Ops entry point that is the CpuOps fp32 op of the same name, written once for
+// each backend that runs its ops on CpuOps. Backend (the derived class) gives reference(),
+// the CpuOps that runs them. Arrays says how an Act array of n elements is seen as fp32:
+// Arrays::input(p, n).data() holds an input's values; Arrays::output(p, n, reads).data() is
+// where the op writes (holding p's values first when the op reads them too), and its
+// store() puts the result into p. A null array stays null. Cpu is a parameter only so
+// that its members are looked up where the class is complete.
+template <typename Backend, typename Arrays, typename Cpu = CpuOps>
+class Fp32Forwarding : public Ops {
+ public:
+  // beta 0: C is only written (it may hold garbage).
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Act* A, const Act* B,
+            float beta, Act* C) override {
+    const std::size_t c = elems(M, N);
+    run(&Cpu::gemm, ta, tb, M, N, K, alpha, in(A, elems(M, K)), in(B, elems(K, N)), beta,
+        beta == 0.0f ? out(C, c) : inout(C, c));
+  }
+  void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
+                          int Cout) override {
+    run(&Cpu::linear_weight_grad, dw, in(inp, elems(N, Cin)), in(dout, elems(N, Cout)), N, Cin,
+        Cout);
+  }
+  void add_bias(Act* o, const Act* bias, int N, int C) override {
+    run(&Cpu::add_bias, inout(o, elems(N, C)), in(bias, elems(C)), N, C);
+  }
+  void bias_backward(float* dbias, const Act* dout, int N, int C) override {
+    run(&Cpu::bias_backward, dbias, in(dout, elems(N, C)), N, C);
+  }
+  void layernorm_forward(Act* o, float* mean, float* rstd, const Act* inp, const Act* w,
+                         const Act* b, int N, int C) override {
+    run(&Cpu::layernorm_forward, out(o, elems(N, C)), mean, rstd, in(inp, elems(N, C)),
+        in(w, elems(C)), in(b, elems(C)), N, C);
+  }
+  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                                const float* mean, const float* rstd, int N, int C) override {
+    run(&Cpu::layernorm_backward_input, inout(dinp, elems(N, C)), in(dout, elems(N, C)),
+        in(inp, elems(N, C)), in(w, elems(C)), mean, rstd, N, C);
+  }
+  void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
+                                 const float* mean, const float* rstd, int N, int C) override {
+    run(&Cpu::layernorm_backward_weight, dw, db, in(dout, elems(N, C)), in(inp, elems(N, C)), mean,
+        rstd, N, C);
+  }
+  void gelu_forward(Act* o, const Act* inp, std::size_t n) override {
+    run(&Cpu::gelu_forward, out(o, n), in(inp, n), n);
+  }
+  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override {
+    run(&Cpu::gelu_backward, out(dinp, n), in(inp, n), in(dout, n), n);
+  }
+  void embedding_forward(Act* o, const int32_t* tokens, const Act* wte, int vocab_begin,
+                         int vocab_rows, const Act* wpe, int B, int T, int C) override {
+    run(&Cpu::embedding_forward, out(o, elems(B, T, C)), tokens, in(wte, elems(vocab_rows, C)),
+        vocab_begin, vocab_rows, in(wpe, elems(T, C)), B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
+                          int vocab_begin, int vocab_rows, int B, int T, int C) override {
+    run(&Cpu::embedding_backward, dwte, dwpe, in(dout, elems(B, T, C)), tokens, vocab_begin,
+        vocab_rows, B, T, C);
+  }
+  void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets, int N,
+                     int V, int Vp, float dloss) override {
+    run(&Cpu::cross_entropy, losses, out(dlogits, elems(N, Vp)), in(logits, elems(N, Vp)), targets,
+        N, V, Vp, dloss);
+  }
+  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) override {
+    run(&Cpu::ce_row_max, rowmax, in(logits, elems(N, Vl)), N, Vl, col_begin, V);
+  }
+  void ce_partial_sums(float* stats, const Act* logits, const float* rowmax, const int32_t* targets,
+                       int N, int Vl, int col_begin, int V) override {
+    run(&Cpu::ce_partial_sums, stats, in(logits, elems(N, Vl)), rowmax, targets, N, Vl, col_begin,
+        V);
+  }
+  void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
+                 const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
+                 float dloss) override {
+    run(&Cpu::ce_finish, losses, out(dlogits, elems(N, Vl)), in(logits, elems(N, Vl)), rowmax,
+        stats, targets, N, Vl, col_begin, V, dloss);
+  }
+  void add(Act* o, const Act* a, const Act* b, std::size_t n) override {
+    run(&Cpu::add, out(o, n), in(a, n), in(b, n), n);
+  }
+
+ protected:
+  static std::size_t elems(long a, long b = 1, long c = 1) { return std::size_t(a * b * c); }
+
+ private:
+  // An Act argument: an input, or an output the op overwrites or (reads) updates.
+  struct In {
+    const Act* p;
+    std::size_t n;
+  };
+  struct Out {
+    Act* p;
+    std::size_t n;
+    bool reads;
+  };
+  static In in(const Act* p, std::size_t n) { return {p, n}; }
+  static Out out(Act* p, std::size_t n) { return {p, n, false}; }
+  static Out inout(Act* p, std::size_t n) { return {p, n, true}; }
+
+  // Calls op with In and Out arguments seen through Arrays, the others as they are; then
+  // stores the outputs.
+  template <typename... P, typename... A>
+  void run(void (Cpu::*op)(P...), A... args) {
+    std::tuple views{view(args)...};
+    Cpu& cpu = static_cast<Backend&>(*this).reference();
+    std::apply([&](auto&... v) { (cpu.*op)(pass(v)...); }, views);
+    std::apply([](auto&... v) { (store(v), ...); }, views);
+  }
+  template <typename A>
+  static auto view(A a) {
+    if constexpr (std::is_same_v<A, In>)
+      return Arrays::input(a.p, a.n);
+    else if constexpr (std::is_same_v<A, Out>)
+      return Arrays::output(a.p, a.n, a.reads);
+    else
+      return a;
+  }
+  template <typename V>
+  static auto pass(V& v) {
+    if constexpr (requires { v.data(); })
+      return v.data();
+    else
+      return v;
+  }
+  template <typename V>
+  static void store(V& v) {
+    if constexpr (requires { v.store(); }) v.store();
+  }
+};
+
+class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
  public:
   // blocked_attention: attention in blocks, saving no T x T probabilities.
   explicit CpuOps(int threads, bool blocked_attention = false);
 
-  // ---- ops::Ops: memory is host memory, Act arrays are fp32 (cpu_backend.cpp) ----
+  // ---- ops::Ops: memory is host memory, Act arrays are fp32 (cpu_backend.cpp); the
+  // ops that are an fp32 op of the same name come from Fp32Forwarding ----
+  CpuOps& reference() { return *this; }
   std::string name() const override;
   DType compute_dtype() const override { return DType::F32; }
   bool device_memory() const override { return false; }
@@ -36,46 +189,19 @@ class CpuOps final : public Ops {
   double sum_squares(const std::vector<Span>& spans) override;
   void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
              const AdamWStep& h) override;
-
-  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
-            const Act* B, float beta, Act* C) override;
-  void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
-                          int Cout) override;
-  void add_bias(Act* out, const Act* bias, int N, int C) override;
-  void bias_backward(float* dbias, const Act* dout, int N, int C) override;
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
-                         const Act* b, int N, int C) override;
-  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                const float* mean, const float* rstd, int N, int C) override;
-  void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
-                                 const float* mean, const float* rstd, int N, int C) override;
-  void gelu_forward(Act* out, const Act* inp, std::size_t n) override;
-  void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
+  // The attention kernel is chosen by blocked_attention; its state is not an Act array.
   std::size_t attention_state_bytes(int B, int T, int NH) const override;
   void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                          int NH) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                           const void* state, int B, int T, int C, int NH) override;
-  void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
-                         int vocab_rows, const Act* wpe, int B, int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
-                          int vocab_begin, int vocab_rows, int B, int T, int C) override;
-  void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets,
-                     int N, int V, int Vp, float dloss) override;
-  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin,
-                  int V) override;
-  void ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
-                       const int32_t* targets, int N, int Vl, int col_begin, int V) override;
-  void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
-                 const float* stats, const int32_t* targets, int N, int Vl, int col_begin, int V,
-                 float dloss) override;
-  void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
 
   // ---- The same ops on plain fp32 arrays: the reference the tests and the CUDA
   // backend's tests call directly (cpu_ops.cpp, cpu_norm.cpp, cpu_loss.cpp,
   // cpu_attention.cpp). attention's `att` is the [B,NH,T,T] probabilities. ----
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
             const float* B, float beta, float* C);
+  void linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin, int Cout);
   void add_bias(float* out, const float* bias, int N, int C);
   void bias_backward(float* dbias, const float* dout, int N, int C);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,

@@ -127,9 +127,9 @@ __global__ void causal_softmax_backward_kernel(T* datt, const T* __restrict__ at
 
 // Checks the sizes of a head permutation of B*T*G*NH*hs elements.
 bool check_heads(const char* op, int B, int T_, int G, int NH, int hs) {
-  require(B >= 0 && T_ >= 0 && NH >= 0 && hs >= 0, op, "negative size");
+  PPTRAIN_CHECK(B >= 0 && T_ >= 0 && NH >= 0 && hs >= 0, std::string(op) + ": negative size");
   const long long total = static_cast<long long>(B) * T_ * G * NH * hs;
-  require(total < (1LL << 31), op, "more than 2^31 elements");
+  PPTRAIN_CHECK(total < (1LL << 31), std::string(op) + ": more than 2^31 elements");
   return total > 0;
 }
 
@@ -163,10 +163,10 @@ void scatter(T* inter, const T* h0, const T* h1, const T* h2, int B, int T_, int
 
 // Checks the sizes of att[BH,T,T]; returns its row count.
 int check_rows(const char* op, const void* att, int BH, int T_) {
-  require(BH >= 0 && T_ >= 0, op, "negative size");
+  PPTRAIN_CHECK(BH >= 0 && T_ >= 0, std::string(op) + ": negative size");
   const long long rows = static_cast<long long>(BH) * T_;
-  require(rows < (1LL << 31), op, "more than 2^31 rows");
-  require(rows == 0 || att != nullptr, op, "null pointer");
+  PPTRAIN_CHECK(rows < (1LL << 31), std::string(op) + ": more than 2^31 rows");
+  PPTRAIN_CHECK(rows == 0 || att != nullptr, std::string(op) + ": null pointer");
   return static_cast<int>(rows);
 }
 
@@ -175,21 +175,21 @@ int check_rows(const char* op, const void* att, int BH, int T_) {
 template <typename T>
 void split_heads(T* q, T* k, T* v, const T* qkv, int B, int T_, int NH, int hs, cudaStream_t s) {
   if (!check_heads("split_heads", B, T_, 3, NH, hs)) return;
-  require(q && k && v && qkv, "split_heads", "null pointer");
+  PPTRAIN_CHECK(q && k && v && qkv, "split_heads: null pointer");
   gather(q, k, v, qkv, B, T_, 3, NH, hs, s);
 }
 
 template <typename T>
 void merge_heads(T* out, const T* y, int B, int T_, int NH, int hs, cudaStream_t s) {
   if (!check_heads("merge_heads", B, T_, 1, NH, hs)) return;
-  require(out && y, "merge_heads", "null pointer");
+  PPTRAIN_CHECK(out && y, "merge_heads: null pointer");
   scatter(out, y, y, y, B, T_, 1, NH, hs, s);
 }
 
 template <typename T>
 void split_heads_grad(T* dy, const T* dout, int B, int T_, int NH, int hs, cudaStream_t s) {
   if (!check_heads("split_heads_grad", B, T_, 1, NH, hs)) return;
-  require(dy && dout, "split_heads_grad", "null pointer");
+  PPTRAIN_CHECK(dy && dout, "split_heads_grad: null pointer");
   gather(dy, dy, dy, dout, B, T_, 1, NH, hs, s);
 }
 
@@ -197,7 +197,7 @@ template <typename T>
 void merge_qkv_grad(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int T_, int NH, int hs,
                     cudaStream_t s) {
   if (!check_heads("merge_qkv_grad", B, T_, 3, NH, hs)) return;
-  require(dqkv && dq && dk && dv, "merge_qkv_grad", "null pointer");
+  PPTRAIN_CHECK(dqkv && dq && dk && dv, "merge_qkv_grad: null pointer");
   scatter(dqkv, dq, dk, dv, B, T_, 3, NH, hs, s);
 }
 
@@ -218,7 +218,7 @@ template <typename T>
 void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_, cudaStream_t s) {
   const int rows = check_rows("causal_softmax_backward", datt, BH, T_);
   if (rows == 0) return;
-  require(att != nullptr, "causal_softmax_backward", "null pointer");
+  PPTRAIN_CHECK(att != nullptr, "causal_softmax_backward: null pointer");
   const unsigned grid = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   constexpr int V = kVec<T>;
   if (T_ % V == 0 && aligned16({datt, att}))

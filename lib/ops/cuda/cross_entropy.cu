@@ -139,8 +139,8 @@ bool wide_rows(int cols, std::initializer_list<const void*> ptrs) {
 }
 
 void check_shard(const char* op, int N, int Vl, int col_begin, int V) {
-  require(N >= 0 && Vl >= 0 && col_begin >= 0, op, "negative size");
-  require(V > 0, op, "V must be positive");
+  PPTRAIN_CHECK(N >= 0 && Vl >= 0 && col_begin >= 0, std::string(op) + ": negative size");
+  PPTRAIN_CHECK(V > 0, std::string(op) + ": V must be positive");
 }
 
 }  // namespace
@@ -148,10 +148,10 @@ void check_shard(const char* op, int N, int Vl, int col_begin, int V) {
 template <typename T>
 void cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int N, int V,
                    int Vp, float dloss, cudaStream_t s) {
-  require(N >= 0, "cross_entropy", "negative size");
-  require(V > 0 && V <= Vp, "cross_entropy", "need 0 < V <= Vp");
+  PPTRAIN_CHECK(N >= 0, "cross_entropy: negative size");
+  PPTRAIN_CHECK(V > 0 && V <= Vp, "cross_entropy: need 0 < V <= Vp");
   if (N == 0) return;
-  require(losses && logits && targets, "cross_entropy", "null pointer");
+  PPTRAIN_CHECK(losses && logits && targets, "cross_entropy: null pointer");
   constexpr int W = kVec<T>;
   if (wide_rows<T>(Vp, {dlogits, logits}))
     cross_entropy_kernel<T, W>
@@ -167,7 +167,7 @@ void ce_row_max(float* rowmax, const T* logits, int N, int Vl, int col_begin, in
                 cudaStream_t s) {
   check_shard("ce_row_max", N, Vl, col_begin, V);
   if (N == 0) return;
-  require(rowmax && (logits || Vl == 0), "ce_row_max", "null pointer");
+  PPTRAIN_CHECK(rowmax && (logits || Vl == 0), "ce_row_max: null pointer");
   constexpr int W = kVec<T>;
   if (wide_rows<T>(Vl, {logits}))
     ce_row_max_kernel<T, W><<<N, kThreads, 0, s>>>(rowmax, logits, Vl, col_begin, V);
@@ -181,7 +181,7 @@ void ce_partial_sums(float* stats, const T* logits, const float* rowmax, const i
                      int N, int Vl, int col_begin, int V, cudaStream_t s) {
   check_shard("ce_partial_sums", N, Vl, col_begin, V);
   if (N == 0) return;
-  require(stats && rowmax && targets && (logits || Vl == 0), "ce_partial_sums", "null pointer");
+  PPTRAIN_CHECK(stats && rowmax && targets && (logits || Vl == 0), "ce_partial_sums: null pointer");
   constexpr int W = kVec<T>;
   if (wide_rows<T>(Vl, {logits}))
     ce_partial_sums_kernel<T, W>
@@ -198,8 +198,8 @@ void ce_finish(float* losses, T* dlogits, const T* logits, const float* rowmax, 
                cudaStream_t s) {
   check_shard("ce_finish", N, Vl, col_begin, V);
   if (N == 0) return;
-  require(losses && rowmax && stats && targets, "ce_finish", "null pointer");
-  require(dlogits == nullptr || logits || Vl == 0, "ce_finish", "null logits");
+  PPTRAIN_CHECK(losses && rowmax && stats && targets, "ce_finish: null pointer");
+  PPTRAIN_CHECK(dlogits == nullptr || logits || Vl == 0, "ce_finish: null logits");
   constexpr int W = kVec<T>;
   const int threads = dlogits != nullptr ? kThreads : 32;  // the loss alone needs one thread
   if (wide_rows<T>(Vl, {dlogits, logits}))

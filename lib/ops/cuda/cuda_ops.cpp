@@ -11,8 +11,6 @@
 
 namespace pptrain::ops {
 
-using cuda::typed;
-
 namespace {
 
 int select_device(int device) {
@@ -120,17 +118,11 @@ void CudaOps::synchronize() { PPTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream())
 // ---- Precision and optimizer ----
 
 void CudaOps::to_compute(Act* dst, const float* src, std::size_t n) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::to_compute<T>(typed<T>(dst), src, n, stream());
-  });
+  launch_typed([](auto... args) { cuda::to_compute(args...); }, dst, src, n);
 }
 
 void CudaOps::to_float(float* dst, const Act* src, std::size_t n) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::to_float<T>(dst, typed<T>(src), n, stream());
-  });
+  launch_typed([](auto... args) { cuda::to_float(args...); }, dst, src, n);
 }
 
 double CudaOps::sum_squares(const std::vector<Span>& spans) {
@@ -152,12 +144,9 @@ double CudaOps::sum_squares(const std::vector<Span>& spans) {
 
 void CudaOps::adamw(float* params, Act* weights, const float* grads, float* m, float* v,
                     std::size_t n, const AdamWStep& h) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::adamw<T>(params, typed<T>(weights), grads, m, v, n, h.lr, h.beta1, h.beta2, h.eps,
-                   h.weight_decay, h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale,
-                   stream());
-  });
+  launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, n, h.lr,
+               h.beta1, h.beta2, h.eps, h.weight_decay, h.inv_bias_correction1,
+               h.inv_bias_correction2, h.grad_scale);
 }
 
 // ---- Entry points ----

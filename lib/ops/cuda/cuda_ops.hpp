@@ -11,6 +11,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +32,14 @@ T* typed(Act* p) {
 template <typename T>
 const T* typed(const Act* p) {
   return reinterpret_cast<const T*>(p);
+}
+// A launcher argument for element type T: an Act array typed as T, others as they are.
+template <typename T, typename A>
+auto typed_arg(A a) {
+  if constexpr (std::is_same_v<A, Act*> || std::is_same_v<A, const Act*>)
+    return typed<T>(a);
+  else
+    return a;
 }
 }  // namespace cuda
 
@@ -105,17 +114,15 @@ class CudaOps final : public Ops {
   void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
 
  private:
-  template <typename T>
-  struct TypeTag {
-    using type = T;
-  };
-  // Calls f(TypeTag<float>{}) or f(TypeTag<bf16>{}) by the compute dtype.
-  template <typename F>
-  void with_type(F&& f) const {
+  // The dtype dispatch: calls launch(args..., stream()) with each Act array argument
+  // typed as the compute dtype's element type (float or bf16) and the others as they
+  // are, so a launcher template of kernels.hpp deduces its T from them.
+  template <typename Launch, typename... Args>
+  void launch_typed(Launch launch, Args... args) const {
     if (dtype_ == DType::BF16)
-      f(TypeTag<cuda::bf16>{});
+      launch(cuda::typed_arg<cuda::bf16>(args)..., stream());
     else
-      f(TypeTag<float>{});
+      launch(cuda::typed_arg<float>(args)..., stream());
   }
   cudaStream_t stream() const { return stream_.get(); }
   // True when attention uses the fused kernels' state (the rows' logsumexp).

@@ -55,18 +55,11 @@ std::size_t CudaOps::attention_state_bytes(int B, int T, int NH) const {
 void CudaOps::attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T,
                               int NH, int hs) {
   const float scale = 1.0f / std::sqrt(float(hs));
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
-                         stream());
-  });
+  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, hs);
   // att = q @ k^T (raw scores), then in place softmax(scale * scores) with causal mask.
   gemm_.run(head_product(false, true, T, T, hs, B * NH, dtype_), 1.0f, {q, k, att}, 0.0f,
             stream());
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::causal_softmax_forward<E>(typed<E>(att), scale, B * NH, T, stream());
-  });
+  launch_typed([](auto... args) { cuda::causal_softmax_forward(args...); }, att, scale, B * NH, T);
 }
 
 void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
@@ -92,10 +85,7 @@ void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, in
   attention_probs(att, q, k, v, qkv, B, T, NH, hs);
   // y = att @ v, then heads back to [B,T,C].
   gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {att, v, y}, 0.0f, stream());
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::merge_heads<E>(typed<E>(out), typed<E>(y), B, T, NH, hs, stream());
-  });
+  launch_typed([](auto... args) { cuda::merge_heads(args...); }, out, y, B, T, NH, hs);
 }
 
 // The unfused path does not need `out`.
@@ -127,11 +117,7 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, con
     attention_unfused_backward(dqkv, dout, att, q, k, v, rest, B, T, NH, hs);
     return;
   }
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::split_heads<E>(typed<E>(q), typed<E>(k), typed<E>(v), typed<E>(qkv), B, T, NH, hs,
-                         stream());
-  });
+  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, hs);
   attention_unfused_backward(dqkv, dout, static_cast<const Act*>(state), q, k, v, rest, B, T, NH,
                              hs);
 }
@@ -148,26 +134,17 @@ void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* 
   Act* dk = advance(dq, n, dtype_);
   Act* dv = advance(dk, n, dtype_);
   Act* datt = advance(dv, n, dtype_);
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::split_heads_grad<E>(typed<E>(dy), typed<E>(dout), B, T, NH, hs, stream());
-  });
+  launch_typed([](auto... args) { cuda::split_heads_grad(args...); }, dy, dout, B, T, NH, hs);
   // dv = att^T @ dy; datt = dy @ v^T.
   gemm_.run(head_product(true, false, T, hs, T, BH, dtype_), 1.0f, {att, dy, dv}, 0.0f, stream());
   gemm_.run(head_product(false, true, T, T, hs, BH, dtype_), 1.0f, {dy, v, datt}, 0.0f, stream());
   // datt becomes d(raw scores) = scale * p * (datt - sum_j p_j datt_j), 0 above the diagonal.
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::causal_softmax_backward<E>(typed<E>(datt), typed<E>(att), scale, BH, T, stream());
-  });
+  launch_typed([](auto... args) { cuda::causal_softmax_backward(args...); }, datt, att, scale, BH,
+               T);
   // dq = dscores @ k; dk = dscores^T @ q.
   gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {datt, k, dq}, 0.0f, stream());
   gemm_.run(head_product(true, false, T, hs, T, BH, dtype_), 1.0f, {datt, q, dk}, 0.0f, stream());
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::merge_qkv_grad<E>(typed<E>(dqkv), typed<E>(dq), typed<E>(dk), typed<E>(dv), B, T, NH, hs,
-                            stream());
-  });
+  launch_typed([](auto... args) { cuda::merge_qkv_grad(args...); }, dqkv, dq, dk, dv, B, T, NH, hs);
 }
 
 }  // namespace pptrain::ops

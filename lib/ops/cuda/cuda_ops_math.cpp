@@ -5,8 +5,6 @@
 
 namespace pptrain::ops {
 
-using cuda::typed;
-
 // ---- Matrix products ----
 
 void CudaOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
@@ -72,129 +70,87 @@ void CudaOps::linear_weight_grad(float* dw, const Act* inp, const Act* dout, int
 }
 
 void CudaOps::add_bias(Act* out, const Act* bias, int N, int C) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::add_bias<T>(typed<T>(out), typed<T>(bias), N, C, stream());
-  });
+  launch_typed([](auto... args) { cuda::add_bias(args...); }, out, bias, N, C);
 }
 
 void CudaOps::bias_backward(float* dbias, const Act* dout, int N, int C) {
   auto* scratch =
       static_cast<float*>(workspace(cuda::bias_backward_scratch_floats(N, C) * sizeof(float)));
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::bias_backward<T>(dbias, typed<T>(dout), N, C, scratch, stream());
-  });
+  launch_typed([](auto... args) { cuda::bias_backward(args...); }, dbias, dout, N, C, scratch);
 }
 
 // ---- Normalisation and activation ----
 
 void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
                                 const Act* b, int N, int C) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::layernorm_forward<T>(typed<T>(out), mean, rstd, typed<T>(inp), typed<T>(w), typed<T>(b),
-                               N, C, stream());
-  });
+  launch_typed([](auto... args) { cuda::layernorm_forward(args...); }, out, mean, rstd, inp, w, b,
+               N, C);
 }
 
 void CudaOps::layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
                                        const float* mean, const float* rstd, int N, int C) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::layernorm_backward_input<T>(typed<T>(dinp), typed<T>(dout), typed<T>(inp), typed<T>(w),
-                                      mean, rstd, N, C, stream());
-  });
+  launch_typed([](auto... args) { cuda::layernorm_backward_input(args...); }, dinp, dout, inp, w,
+               mean, rstd, N, C);
 }
 
 void CudaOps::layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                         const float* mean, const float* rstd, int N, int C) {
   auto* scratch = static_cast<float*>(
       workspace(cuda::layernorm_backward_weight_scratch_floats(N, C) * sizeof(float)));
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::layernorm_backward_weight<T>(dw, db, typed<T>(dout), typed<T>(inp), mean, rstd, N, C,
-                                       scratch, stream());
-  });
+  launch_typed([](auto... args) { cuda::layernorm_backward_weight(args...); }, dw, db, dout, inp,
+               mean, rstd, N, C, scratch);
 }
 
 void CudaOps::gelu_forward(Act* out, const Act* inp, std::size_t n) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::gelu_forward<T>(typed<T>(out), typed<T>(inp), n, stream());
-  });
+  launch_typed([](auto... args) { cuda::gelu_forward(args...); }, out, inp, n);
 }
 
 void CudaOps::gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::gelu_backward<T>(typed<T>(dinp), typed<T>(inp), typed<T>(dout), n, stream());
-  });
+  launch_typed([](auto... args) { cuda::gelu_backward(args...); }, dinp, inp, dout, n);
 }
 
 // ---- Embedding and loss ----
 
 void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
                                 int vocab_rows, const Act* wpe, int B, int T, int C) {
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::embedding_forward<E>(typed<E>(out), tokens, typed<E>(wte), vocab_begin, vocab_rows,
-                               typed<E>(wpe), B, T, C, stream());
-  });
+  launch_typed([](auto... args) { cuda::embedding_forward(args...); }, out, tokens, wte,
+               vocab_begin, vocab_rows, wpe, B, T, C);
 }
 
 void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
                                  int vocab_begin, int vocab_rows, int B, int T, int C) {
-  with_type([&](auto t) {
-    using E = typename decltype(t)::type;
-    cuda::embedding_backward<E>(dwte, dwpe, typed<E>(dout), tokens, vocab_begin, vocab_rows, B, T,
-                                C, stream());
-  });
+  launch_typed([](auto... args) { cuda::embedding_backward(args...); }, dwte, dwpe, dout, tokens,
+               vocab_begin, vocab_rows, B, T, C);
 }
 
 void CudaOps::cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets,
                             int N, int V, int Vp, float dloss) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::cross_entropy<T>(losses, typed<T>(dlogits), typed<T>(logits), targets, N, V, Vp, dloss,
-                           stream());
-  });
+  launch_typed([](auto... args) { cuda::cross_entropy(args...); }, losses, dlogits, logits, targets,
+               N, V, Vp, dloss);
 }
 
 void CudaOps::ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::ce_row_max<T>(rowmax, typed<T>(logits), N, Vl, col_begin, V, stream());
-  });
+  launch_typed([](auto... args) { cuda::ce_row_max(args...); }, rowmax, logits, N, Vl, col_begin,
+               V);
 }
 
 void CudaOps::ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
                               const int32_t* targets, int N, int Vl, int col_begin, int V) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::ce_partial_sums<T>(stats, typed<T>(logits), rowmax, targets, N, Vl, col_begin, V,
-                             stream());
-  });
+  launch_typed([](auto... args) { cuda::ce_partial_sums(args...); }, stats, logits, rowmax, targets,
+               N, Vl, col_begin, V);
 }
 
 void CudaOps::ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,
                         const float* stats, const int32_t* targets, int N, int Vl, int col_begin,
                         int V, float dloss) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::ce_finish<T>(losses, typed<T>(dlogits), typed<T>(logits), rowmax, stats, targets, N, Vl,
-                       col_begin, V, dloss, stream());
-  });
+  launch_typed([](auto... args) { cuda::ce_finish(args...); }, losses, dlogits, logits, rowmax,
+               stats, targets, N, Vl, col_begin, V, dloss);
 }
 
 // ---- Elementwise ----
 
 void CudaOps::add(Act* out, const Act* a, const Act* b, std::size_t n) {
-  with_type([&](auto t) {
-    using T = typename decltype(t)::type;
-    cuda::add<T>(typed<T>(out), typed<T>(a), typed<T>(b), n, stream());
-  });
+  launch_typed([](auto... args) { cuda::add(args...); }, out, a, b, n);
 }
-
 
 }  // namespace pptrain::ops

@@ -126,16 +126,16 @@ void launch_map(Wide wide, Narrow narrow, std::size_t n, bool aligned, cudaStrea
 
 template <typename T>
 void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (out && a && b), "add", "null pointer");
+  PPTRAIN_CHECK(n == 0 || (out && a && b), "add: null pointer");
   launch_map<kVec<T>>(add_kernel<T, kVec<T>>, add_kernel<T, 1>, n, aligned16({out, a, b}), s, out,
                       a, b);
 }
 
 template <typename T>
 void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s) {
-  require(N >= 0 && C >= 0, "add_bias", "negative size");
+  PPTRAIN_CHECK(N >= 0 && C >= 0, "add_bias: negative size");
   if (N == 0 || C == 0) return;
-  require(out && bias, "add_bias", "null pointer");
+  PPTRAIN_CHECK(out && bias, "add_bias: null pointer");
   constexpr int V = kVec<T>;
   const bool wide = C % V == 0 && aligned16({out, bias});
   const int packs = wide ? C / V : C;
@@ -154,11 +154,11 @@ std::size_t bias_backward_scratch_floats(int N, int C) {
 
 template <typename T>
 void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cudaStream_t s) {
-  require(N >= 0 && C >= 0, "bias_backward", "negative size");
+  PPTRAIN_CHECK(N >= 0 && C >= 0, "bias_backward: negative size");
   if (N == 0 || C == 0) return;
-  require(dbias && dout && scratch, "bias_backward", "null pointer");
+  PPTRAIN_CHECK(dbias && dout && scratch, "bias_backward: null pointer");
   const int chunks = column_sum_chunks(N);
-  require(chunks <= 65535, "bias_backward", "too many rows");
+  PPTRAIN_CHECK(chunks <= 65535, "bias_backward: too many rows");
   bias_partial_kernel<T><<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(scratch, dout, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
   column_sum_finish<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dbias, scratch, chunks, C);
@@ -167,14 +167,14 @@ void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cu
 
 template <typename T>
 void gelu_forward(T* out, const T* inp, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (out && inp), "gelu_forward", "null pointer");
+  PPTRAIN_CHECK(n == 0 || (out && inp), "gelu_forward: null pointer");
   launch_map<kVec<T>>(gelu_forward_kernel<T, kVec<T>>, gelu_forward_kernel<T, 1>, n,
                       aligned16({out, inp}), s, out, inp);
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (dinp && inp && dout), "gelu_backward", "null pointer");
+  PPTRAIN_CHECK(n == 0 || (dinp && inp && dout), "gelu_backward: null pointer");
   launch_map<kVec<T>>(gelu_backward_kernel<T, kVec<T>>, gelu_backward_kernel<T, 1>, n,
                       aligned16({dinp, inp, dout}), s, dinp, inp, dout);
 }
@@ -182,14 +182,14 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n, cudaStre
 // Mixed-width casts move 4 elements per pack (16 bytes of fp32).
 template <typename T>
 void to_compute(T* dst, const float* src, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (dst && src), "to_compute", "null pointer");
+  PPTRAIN_CHECK(n == 0 || (dst && src), "to_compute: null pointer");
   launch_map<4>(convert_kernel<T, float, 4>, convert_kernel<T, float, 1>, n, aligned16({dst, src}),
                 s, dst, src);
 }
 
 template <typename T>
 void to_float(float* dst, const T* src, std::size_t n, cudaStream_t s) {
-  require(n == 0 || (dst && src), "to_float", "null pointer");
+  PPTRAIN_CHECK(n == 0 || (dst && src), "to_float: null pointer");
   launch_map<4>(convert_kernel<float, T, 4>, convert_kernel<float, T, 1>, n, aligned16({dst, src}),
                 s, dst, src);
 }

@@ -141,8 +141,9 @@ __global__ void embedding_wte_backward_kernel(float* __restrict__ dwte, const T*
 int threads_for(int packs) { return packs >= kMaxThreads ? kMaxThreads : (packs + 31) / 32 * 32; }
 
 void check_sizes(const char* op, int vocab_begin, int vocab_rows, int B, int T_, int C) {
-  require(vocab_begin >= 0 && vocab_rows >= 0 && B >= 0 && T_ >= 0 && C >= 0, op, "negative size");
-  require(static_cast<long long>(B) * T_ < (1LL << 30), op, "B*T too large");
+  PPTRAIN_CHECK(vocab_begin >= 0 && vocab_rows >= 0 && B >= 0 && T_ >= 0 && C >= 0,
+                std::string(op) + ": negative size");
+  PPTRAIN_CHECK(static_cast<long long>(B) * T_ < (1LL << 30), std::string(op) + ": B*T too large");
 }
 
 template <typename T, int W>
@@ -153,7 +154,7 @@ void launch_wte_backward(float* dwte, const T* dout, const int32_t* tokens, int 
   const int slices = (C + cols - 1) / cols;
   const int shard_rows = std::max(1, std::min(kMaxShardRows, kShardFloats / cols));
   const int shards = (vocab_rows + shard_rows - 1) / shard_rows;
-  require(slices <= 65535, "embedding_backward", "C too large");
+  PPTRAIN_CHECK(slices <= 65535, "embedding_backward: C too large");
   const std::size_t smem = static_cast<std::size_t>(shard_rows) * cols * sizeof(float);
   embedding_wte_backward_kernel<T, W><<<dim3(shards, slices), threads, smem, s>>>(
       dwte, dout, tokens, vocab_begin, vocab_rows, shard_rows, BT, C);
@@ -168,7 +169,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, int vocab_be
   check_sizes("embedding_forward", vocab_begin, vocab_rows, B, T_, C);
   const int BT = B * T_;
   if (BT == 0 || C == 0) return;
-  require(out && tokens && (wte || vocab_rows == 0), "embedding_forward", "null pointer");
+  PPTRAIN_CHECK(out && tokens && (wte || vocab_rows == 0), "embedding_forward: null pointer");
   constexpr int V = kVec<T>;
   const bool wide = C % V == 0 && aligned16({out, wte, wpe});
   const int packs = wide ? C / V : C;
@@ -189,7 +190,7 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* 
   check_sizes("embedding_backward", vocab_begin, vocab_rows, B, T_, C);
   const int BT = B * T_;
   if (BT == 0 || C == 0) return;
-  require(dout && tokens && (dwte || vocab_rows == 0), "embedding_backward", "null pointer");
+  PPTRAIN_CHECK(dout && tokens && (dwte || vocab_rows == 0), "embedding_backward: null pointer");
   if (vocab_rows > 0) {
     if (C % 4 == 0 && aligned16({dwte, dout}))
       launch_wte_backward<T, 4>(dwte, dout, tokens, vocab_begin, vocab_rows, BT, C, s);

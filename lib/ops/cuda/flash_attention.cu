@@ -110,10 +110,10 @@ bool flash_attention_supported(int hs, int max_smem) {
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int hs,
                              cudaStream_t s) {
-  require(B > 0 && T > 0 && NH > 0, "flash_attention_forward", "non-positive size");
-  require(out && qkv, "flash_attention_forward", "null pointer");
-  require(T <= 65535 * kTile && static_cast<long long>(B) * NH < (1LL << 31),
-          "flash_attention_forward", "too many tiles");
+  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0, "flash_attention_forward: non-positive size");
+  PPTRAIN_CHECK(out && qkv, "flash_attention_forward: null pointer");
+  PPTRAIN_CHECK(T <= 65535 * kTile && static_cast<long long>(B) * NH < (1LL << 31),
+                "flash_attention_forward: too many tiles");
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const dim3 grid(B * NH, (T + kTile - 1) / kTile);
   const bool vec = aligned16({qkv});
@@ -123,7 +123,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
     flash_forward_kernel<D><<<grid, kThreads, Smem<D>::fwd, s>>>(out, lse, qkv, T, NH, scale, vec);
     PPTRAIN_CUDA_CHECK_LAUNCH();
   });
-  require(known, "flash_attention_forward", "unsupported head size");
+  PPTRAIN_CHECK(known, "flash_attention_forward: unsupported head size");
 }
 
 }  // namespace pptrain::ops::cuda

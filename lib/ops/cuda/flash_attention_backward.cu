@@ -191,10 +191,10 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
                               const float* lse, void* workspace, int B, int T, int NH, int hs,
                               cudaStream_t s) {
   const char* op = "flash_attention_backward";
-  require(B > 0 && T > 0 && NH > 0, op, "non-positive size");
-  require(dqkv && dout && qkv && out && lse && workspace, op, "null pointer");
+  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0, std::string(op) + ": non-positive size");
+  PPTRAIN_CHECK(dqkv && dout && qkv && out && lse && workspace, std::string(op) + ": null pointer");
   const long long rows = static_cast<long long>(B) * T * NH;
-  require(rows < (1LL << 31) && T <= 65535 * kTile, op, "too many rows");
+  PPTRAIN_CHECK(rows < (1LL << 31) && T <= 65535 * kTile, std::string(op) + ": too many rows");
   // D = rowsum(dO * O).
   auto* dot = static_cast<float*>(workspace);
   constexpr int kDotThreads = 256;
@@ -217,7 +217,7 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
     flash_dkv_kernel<D><<<grid, kThreads, bytes, s>>>(dqkv, dout, qkv, lse, dot, T, NH, scale, vec);
     PPTRAIN_CUDA_CHECK_LAUNCH();
   });
-  require(known, op, "unsupported head size");
+  PPTRAIN_CHECK(known, std::string(op) + ": unsupported head size");
 }
 
 }  // namespace pptrain::ops::cuda

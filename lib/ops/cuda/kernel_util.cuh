@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/error.hpp"  // PPTRAIN_CHECK: the launchers' preconditions
 #include "ops/cuda/cuda_check.hpp"
 
 namespace pptrain::ops::cuda {
@@ -134,12 +135,6 @@ static __global__ void column_sum_finish(float* __restrict__ out, const float* _
   float acc = 0.0f;
   for (int k = 0; k < chunks; ++k) acc += part[static_cast<std::size_t>(k) * C + c];
   out[c] += acc;
-}
-
-// ---- launcher checks ----
-// Throws std::runtime_error("<op>: <what>") unless `ok`.
-inline void require(bool ok, const char* op, const char* what) {
-  if (!ok) throw std::runtime_error(std::string(op) + ": " + what);
 }
 
 }  // namespace pptrain::ops::cuda

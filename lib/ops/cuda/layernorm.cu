@@ -137,7 +137,9 @@ __global__ void layernorm_weight_partial_kernel(float* __restrict__ part_w,
   part_b[o] = sum_b;
 }
 
-void check_sizes(const char* op, int N, int C) { require(N >= 0 && C >= 0, op, "negative size"); }
+void check_sizes(const char* op, int N, int C) {
+  PPTRAIN_CHECK(N >= 0 && C >= 0, std::string(op) + ": negative size");
+}
 
 }  // namespace
 
@@ -146,8 +148,8 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
                        int N, int C, cudaStream_t s) {
   check_sizes("layernorm_forward", N, C);
   if (N == 0) return;
-  require(C > 0, "layernorm_forward", "C must be positive");
-  require(out && mean && rstd && inp && w && b, "layernorm_forward", "null pointer");
+  PPTRAIN_CHECK(C > 0, "layernorm_forward: C must be positive");
+  PPTRAIN_CHECK(out && mean && rstd && inp && w && b, "layernorm_forward: null pointer");
   const unsigned grid = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   constexpr int V = kVec<T>;
   if (C % V == 0 && aligned16({out, inp, w, b}))
@@ -162,7 +164,7 @@ void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, 
                               const float* rstd, int N, int C, cudaStream_t s) {
   check_sizes("layernorm_backward_input", N, C);
   if (N == 0 || C == 0) return;
-  require(dinp && dout && inp && w && mean && rstd, "layernorm_backward_input", "null pointer");
+  PPTRAIN_CHECK(dinp && dout && inp && w && mean && rstd, "layernorm_backward_input: null pointer");
   const unsigned grid = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   constexpr int V = kVec<T>;
   if (C % V == 0 && aligned16({dinp, dout, inp, w}))
@@ -183,10 +185,10 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
                                const float* rstd, int N, int C, float* scratch, cudaStream_t s) {
   check_sizes("layernorm_backward_weight", N, C);
   if (N == 0 || C == 0) return;
-  require(dw && db && dout && inp && mean && rstd && scratch, "layernorm_backward_weight",
-          "null pointer");
+  PPTRAIN_CHECK(dw && db && dout && inp && mean && rstd && scratch,
+                "layernorm_backward_weight: null pointer");
   const int chunks = column_sum_chunks(N);
-  require(chunks <= 65535, "layernorm_backward_weight", "too many rows");
+  PPTRAIN_CHECK(chunks <= 65535, "layernorm_backward_weight: too many rows");
   float* part_w = scratch;
   float* part_b = scratch + static_cast<std::size_t>(chunks) * C;
   layernorm_weight_partial_kernel<T><<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(

@@ -80,7 +80,7 @@ void adamw(float* params, T* weights, const float* grads, float* m, float* v, st
            float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
            float inv_bc2, float grad_scale, cudaStream_t s) {
   if (n == 0) return;
-  require(params && grads && m && v, "adamw", "null pointer");
+  PPTRAIN_CHECK(params && grads && m && v, "adamw: null pointer");
   const AdamWArgs h{lr,  beta1,        beta2,   1.0f - beta1, 1.0f - beta2,
                     eps, weight_decay, inv_bc1, inv_bc2,      grad_scale};
   if (aligned16({params, weights, grads, m, v}))
@@ -95,12 +95,12 @@ void adamw(float* params, T* weights, const float* grads, float* m, float* v, st
 std::size_t sum_squares_scratch_doubles() { return kSumBlocks; }
 
 void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cudaStream_t s) {
-  require(out != nullptr, "sum_squares", "null pointer");
+  PPTRAIN_CHECK(out != nullptr, "sum_squares: null pointer");
   if (n == 0) {
     PPTRAIN_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), s));
     return;
   }
-  require(x && scratch, "sum_squares", "null pointer");
+  PPTRAIN_CHECK(x && scratch, "sum_squares: null pointer");
   // The block count depends only on n, so the summation order is fixed for a given n.
   const std::size_t want = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(want < kSumBlocks ? want : kSumBlocks);

@@ -1,7 +1,7 @@
 // Helpers for the emulated-kernel tests: "device" arrays (host memory, aligned as
 // cudaMalloc aligns, optionally skewed to defeat the 16-byte paths, fenced by poison that
-// must survive), random inputs, rounding to the element type, schedule-order scopes, and a
-// closeness check that fails on NaN (outputs start poisoned, so an unwritten one fails).
+// must survive), random inputs, rounding to the element type, schedule-order scopes, and the
+// closeness check (all_close.hpp; outputs start poisoned, so an unwritten one fails).
 #pragma once
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "../all_close.hpp"
 
 namespace pptrain::emulation_test {
 
@@ -114,31 +115,6 @@ class Device {
   unsigned char* base_;
 };
 
-// Every |got[i] - want[i]| <= tol * max(max_j |want[j]| (finite want), floor); infinities
-// must match exactly; NaN in got fails.
-template <typename W>
-::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<W>& want,
-                                     double tol, double floor = 1e-30) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
-  double scale = 0.0;
-  for (const W& w : want)
-    if (std::isfinite(double(w))) scale = std::max(scale, std::fabs(double(w)));
-  const double limit = tol * std::max(scale, floor);
-  std::size_t bad = 0, first = 0;
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], w = double(want[i]);
-    const double err = std::isinf(w) ? (g == w ? 0.0 : INFINITY) : std::fabs(g - w);
-    if (!(err <= limit) && bad++ == 0) first = i;
-    if (!(err <= worst)) worst = err;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream s;
-  s << bad << " of " << got.size() << " elements off by more than " << tol << " x max|want| ("
-    << scale << "); first at " << first << ": got " << got[first] << ", want "
-    << double(want[first]) << "; worst error " << worst;
-  return ::testing::AssertionFailure() << s.str();
-}
+using test_support::all_close;
 
 }  // namespace pptrain::emulation_test

@@ -1,0 +1,275 @@
+// The op table's cases (op_table.hpp): one per op of ops::Ops, with its shapes and
+// tolerances; variants (transposes, aliasing, optional arguments) are cases of their own.
+// Shapes are small and odd, with some that take the CUDA kernels' 16-byte paths.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/random.hpp"
+#include "op_table.hpp"
+#include "ops_test_util.hpp"
+
+namespace pptrain::ops::testing {
+namespace {
+
+// An Act output: one rounding to bf16; an fp32 sum or statistic: fp32 arithmetic.
+constexpr Tolerance kAct{1e-5, 1e-2}, kSum{1e-5, 1e-4};
+
+// n ids in [0, bound), a pure function of seed.
+std::vector<int32_t> ids(std::size_t n, uint64_t seed, int bound) {
+  std::vector<int32_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = int32_t(uniform01(hash_words(seed, i)) * bound);
+  return v;
+}
+
+// The rows' mean and 1/sqrt(var + 1e-5) of x[N,C], in double: LayerNorm's saved statistics.
+void row_stats(const std::vector<float>& x, int N, int C, std::vector<float>& mean,
+               std::vector<float>& rstd) {
+  mean.resize(N), rstd.resize(N);
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[std::size_t(n) * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += std::pow(x[std::size_t(n) * C + c] - m, 2);
+    mean[n] = float(m), rstd[n] = float(1.0 / std::sqrt(v / C + 1e-5));
+  }
+}
+
+void add_gemm_cases(std::vector<OpCase>& t) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 0.5f})
+        t.push_back({"gemm_ta" + std::to_string(ta) + "_tb" + std::to_string(tb) +
+                         (beta != 0.0f ? "_beta" : "_nobeta"),
+                     [=](OpRun& r) {
+                       const int M = 37, N = 48, K = 17;
+                       const Act *a = r.act(r.randn(M * K, 1)), *b = r.act(r.randn(K * N, 2));
+                       Act* c = beta != 0.0f ? r.act_inout("C", r.randn(M * N, 3), kAct)
+                                             : r.act_out("C", M * N, kAct);
+                       r.ops.gemm(ta, tb, M, N, K, 0.75f, a, b, beta, c);
+                     }});
+  // 101 columns: no bias+GELU epilogue on CUDA (its aux ld % 8), which falls back.
+  for (int Cout : {192, 101})
+    for (bool bias : {true, false})
+      for (bool gelu : {true, false})
+        t.push_back({"linear_forward_" + std::to_string(Cout) + (bias ? "_bias" : "") +
+                         (gelu ? "_gelu" : ""),
+                     [=](OpRun& r) {
+                       const int N = 74, Cin = 48;
+                       const std::size_t n = std::size_t(N) * Cout;
+                       const Act *x = r.act(r.randn(N * Cin, 1)),
+                                 *w = r.act(r.randn(Cin * Cout, 2, 0.3f)),
+                                 *b = r.act(r.randn(Cout, 3));
+                       Act* out = r.act_out("out", n, kAct);
+                       Act* g = gelu ? r.act_out("gelu_out", n, kAct) : nullptr;
+                       r.ops.linear_forward(out, g, x, w, bias ? b : nullptr, N, Cin, Cout);
+                     }});
+}
+
+void add_embedding_and_loss_cases(std::vector<OpCase>& t) {
+  constexpr int B = 2, T = 37, C = 48, N = B * T, V = 101, Vp = 128;
+  constexpr int begin = 40, rows = 30;  // the shard holds token rows [40, 70)
+  auto tokens = [] {
+    std::vector<int32_t> v = ids(N, 1, V);
+    v[0] = begin, v[1] = begin + rows - 1, v[2] = begin + rows, v[3] = 0;
+    v[5] = v[9] = v[40] = 55;  // a repeated token
+    return v;
+  };
+  for (bool wpe : {true, false}) {
+    const std::string with = wpe ? "_wpe" : "";
+    t.push_back({"embedding_forward" + with, [=](OpRun& r) {
+                   const Act* pos = r.act(r.randn(T * C, 3));
+                   r.ops.embedding_forward(r.act_out("out", N * C, kAct), r.i32(tokens()),
+                                           r.act(r.randn(rows * C, 2)), begin, rows,
+                                           wpe ? pos : nullptr, B, T, C);
+                 }});
+    // Without wpe, dwpe stays as it was.
+    t.push_back({"embedding_backward" + with, [=](OpRun& r) {
+                   float* dwte = r.f32_inout("dwte", randn(rows * C, 5), kSum);
+                   float* dwpe = r.f32_inout("dwpe", randn(T * C, 6), kSum);
+                   r.ops.embedding_backward(dwte, wpe ? dwpe : nullptr, r.act(r.randn(N * C, 4)),
+                                            r.i32(tokens()), begin, rows, B, T, C);
+                 }});
+  }
+  // Gradient into its own array, in place over the logits, or none (the loss only).
+  for (const std::string mode : {"", "_in_place", "_loss_only"})
+    t.push_back({"cross_entropy" + mode, [=](OpRun& r) {
+                   const std::vector<float> logits = r.randn(N * Vp, 1, 2.0f);
+                   float* losses = r.f32_out("losses", N, kSum);
+                   Act* dlogits = mode == "_in_place" ? r.act_inout("dlogits", logits, kAct)
+                                  : mode.empty()      ? r.act_out("dlogits", N * Vp, kAct)
+                                                      : nullptr;
+                   const Act* in = mode == "_in_place" ? dlogits : r.act(logits);
+                   r.ops.cross_entropy(losses, dlogits, in, r.i32(ids(N, 2, V)), N, V, Vp,
+                                       1.0f / N);
+                 }});
+}
+
+// The three vocab-parallel phases over four column shards of 32; with V = 60 the last two
+// shards hold padding only. Each phase gets the statistics of the ones before from the host.
+void add_vocab_parallel_cases(std::vector<OpCase>& t) {
+  constexpr int N = 74, Vp = 128, shards = 4, Vl = Vp / shards;
+  for (int V : {101, 60}) {
+    struct Shards {
+      std::vector<std::vector<float>> logits;
+      std::vector<float> rowmax, stats;  // over all shards
+      std::vector<int32_t> targets;
+    };
+    auto make = [=](const OpRun& r) {
+      const std::vector<float> all = r.randn(std::size_t(N) * Vp, 3, 2.0f);
+      Shards s{{}, std::vector<float>(N, -INFINITY), std::vector<float>(2 * N, 0.0f), ids(N, 4, V)};
+      for (int k = 0; k < shards; ++k) {
+        s.logits.emplace_back(std::size_t(N) * Vl);
+        for (int n = 0; n < N; ++n)
+          std::copy_n(&all[std::size_t(n) * Vp + k * Vl], Vl, &s.logits[k][std::size_t(n) * Vl]);
+      }
+      for (int n = 0; n < N; ++n)
+        for (int j = 0; j < V; ++j)
+          s.rowmax[n] = std::max(s.rowmax[n], all[std::size_t(n) * Vp + j]);
+      for (int n = 0; n < N; ++n) {
+        double sum = 0;
+        for (int j = 0; j < V; ++j)
+          sum += std::exp(double(all[std::size_t(n) * Vp + j]) - s.rowmax[n]);
+        s.stats[2 * n] = float(sum), s.stats[2 * n + 1] = all[std::size_t(n) * Vp + s.targets[n]];
+      }
+      return s;
+    };
+    const std::string v = "_V" + std::to_string(V);
+    t.push_back({"ce_row_max" + v, [=](OpRun& r) {
+                   const Shards s = make(r);
+                   for (int k = 0; k < shards; ++k)
+                     r.ops.ce_row_max(r.f32_out("rowmax " + std::to_string(k), N, {1e-6, 1e-6}),
+                                      r.act(s.logits[k]), N, Vl, k * Vl, V);
+                 }});
+    t.push_back({"ce_partial_sums" + v, [=](OpRun& r) {
+                   const Shards s = make(r);
+                   for (int k = 0; k < shards; ++k)
+                     r.ops.ce_partial_sums(r.f32_out("stats " + std::to_string(k), 2 * N, kSum),
+                                           r.act(s.logits[k]), r.f32(s.rowmax), r.i32(s.targets), N,
+                                           Vl, k * Vl, V);
+                 }});
+    t.push_back({"ce_finish" + v, [=](OpRun& r) {
+                   const Shards s = make(r);
+                   for (int k = 0; k < shards; ++k) {
+                     const std::string shard = std::to_string(k);
+                     r.ops.ce_finish(r.f32_out("losses " + shard, N, kSum),
+                                     r.act_out("dlogits " + shard, N * Vl, kAct),
+                                     r.act(s.logits[k]), r.f32(s.rowmax), r.f32(s.stats),
+                                     r.i32(s.targets), N, Vl, k * Vl, V, 0.5f);
+                   }
+                 }});
+  }
+}
+
+std::vector<OpCase> make_cases() {
+  std::vector<OpCase> t;
+  for (bool weights : {true, false})
+    t.push_back({weights ? "adamw" : "adamw_no_weight_copy", [=](OpRun& r) {
+                   const std::size_t n = 3001;
+                   const AdamWStep h{1e-3f,
+                                     0.9f,
+                                     0.95f,
+                                     1e-8f,
+                                     0.1f,
+                                     1.0f / (1 - 0.9f * 0.9f),
+                                     1.0f / (1 - 0.95f * 0.95f),
+                                     0.5f};
+                   std::vector<float> v = randn(n, 4);
+                   for (float& x : v) x = x * x * 0.01f;
+                   float* p = r.f32_inout("params", randn(n, 1), {1e-5, 1e-5});
+                   float* m = r.f32_inout("m", randn(n, 3, 0.1f), {1e-5, 1e-5});
+                   float* s = r.f32_inout("v", v, {1e-5, 1e-5});
+                   Act* w = weights ? r.act_out("weights", n, kAct) : nullptr;
+                   r.ops.adamw(p, w, r.f32(randn(n, 2)), m, s, n, h);
+                 }});
+  add_gemm_cases(t);
+  t.push_back({"linear_weight_grad", [](OpRun& r) {
+                 const int N = 74, Cin = 48, Cout = 101;
+                 float* dw = r.f32_inout("dw", randn(Cin * Cout, 3), kSum);
+                 r.ops.linear_weight_grad(dw, r.act(r.randn(N * Cin, 1)),
+                                          r.act(r.randn(N * Cout, 2)), N, Cin, Cout);
+               }});
+  t.push_back({"add_bias", [](OpRun& r) {
+                 const int N = 74, C = 101;
+                 r.ops.add_bias(r.act_inout("out", r.randn(N * C, 1), kAct), r.act(r.randn(C, 2)),
+                                N, C);
+               }});
+  t.push_back({"bias_backward", [](OpRun& r) {
+                 const int N = 74, C = 101;
+                 r.ops.bias_backward(r.f32_inout("dbias", randn(C, 4), kSum),
+                                     r.act(r.randn(N * C, 3)), N, C);
+               }});
+  constexpr int kN = 74, kC = 48;  // LayerNorm rows and width
+  t.push_back({"layernorm_forward", [](OpRun& r) {
+                 Act* out = r.act_out("out", kN * kC, kAct);
+                 float* mean = r.f32_out("mean", kN, kSum);
+                 float* rstd = r.f32_out("rstd", kN, kSum);
+                 r.ops.layernorm_forward(out, mean, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
+                                         r.act(r.randn(kC, 2)), r.act(r.randn(kC, 3)), kN, kC);
+               }});
+  t.push_back({"layernorm_backward_input", [](OpRun& r) {
+                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                 std::vector<float> mean, rstd;
+                 row_stats(x, kN, kC, mean, rstd);
+                 Act* dinp = r.act_inout("dinp", r.randn(kN * kC, 5), {1e-5, 2e-2});
+                 r.ops.layernorm_backward_input(dinp, r.act(r.randn(kN * kC, 4)), r.act(x),
+                                                r.act(r.randn(kC, 2)), r.f32(mean), r.f32(rstd), kN,
+                                                kC);
+               }});
+  t.push_back({"layernorm_backward_weight", [](OpRun& r) {
+                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                 std::vector<float> mean, rstd;
+                 row_stats(x, kN, kC, mean, rstd);
+                 float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
+                 float* db = r.f32_inout("db", randn(kC, 7), kSum);
+                 r.ops.layernorm_backward_weight(dw, db, r.act(r.randn(kN * kC, 4)), r.act(x),
+                                                 r.f32(mean), r.f32(rstd), kN, kC);
+               }});
+  constexpr std::size_t kGelu = 5001;
+  t.push_back({"gelu_forward", [](OpRun& r) {
+                 r.ops.gelu_forward(r.act_out("out", kGelu, kAct), r.act(r.randn(kGelu, 1, 3.0f)),
+                                    kGelu);
+               }});
+  for (bool in_place : {false, true})  // in place: dinp aliases dout
+    t.push_back({in_place ? "gelu_backward_in_place" : "gelu_backward", [=](OpRun& r) {
+                   const Act* x = r.act(r.randn(kGelu, 1, 3.0f));
+                   const std::vector<float> dy = r.randn(kGelu, 2);
+                   Act* dinp =
+                       in_place ? r.act_inout("dinp", dy, kAct) : r.act_out("dinp", kGelu, kAct);
+                   r.ops.gelu_backward(dinp, x, in_place ? dinp : r.act(dy), kGelu);
+                 }});
+  // Attention forward, then the backward from the backend's own state; T and the head
+  // size multiples of 8 in the second shape (the CUDA kernels' 16-byte paths).
+  for (const auto& [B, T, C, NH] : {std::array{2, 37, 48, 4}, std::array{2, 64, 64, 4}})
+    t.push_back({"attention_T" + std::to_string(T), [=](OpRun& r) {
+                   const std::size_t n = std::size_t(B) * T * C;
+                   const Act* qkv = r.act(r.randn(3 * n, 1));
+                   void* state = r.scratch(r.ops.attention_state_bytes(B, T, NH));
+                   Act* out = r.act_out("out", n, {1e-5, 2e-2});
+                   r.ops.attention_forward(out, state, qkv, B, T, C, NH);
+                   // bf16: probabilities, scores and their gradients are rounded on the way.
+                   r.ops.attention_backward(r.act_out("dqkv", 3 * n, {1e-5, 3e-2}),
+                                            r.act(r.randn(n, 2)), qkv, out, state, B, T, C, NH);
+                 }});
+  add_embedding_and_loss_cases(t);
+  add_vocab_parallel_cases(t);
+  for (bool in_place : {false, true})  // in place: out aliases a
+    t.push_back({in_place ? "add_in_place" : "add", [=](OpRun& r) {
+                   const std::size_t n = 4099;
+                   const std::vector<float> a = r.randn(n, 1);
+                   Act* out = in_place ? r.act_inout("out", a, kAct) : r.act_out("out", n, kAct);
+                   r.ops.add(out, in_place ? out : r.act(a), r.act(r.randn(n, 2)), n);
+                 }});
+  return t;
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = make_cases();
+  return cases;
+}
+
+}  // namespace pptrain::ops::testing
