@@ -10,6 +10,13 @@ if ! python3 -c "import numpy, safetensors.numpy, matplotlib" 2>/dev/null; then
     python3 -m pip install --quiet --break-system-packages numpy safetensors matplotlib 2>/dev/null ||
     echo "numpy/safetensors/matplotlib unavailable: the tests that need them will be skipped"
 fi
+# The export test also loads the exported models in transformers, when PyTorch and
+# transformers can be installed (Debian's python3-torch, transformers from PyPI).
+if torch_python=$(scripts/torch_env.sh build/torch-venv); then
+  export PPTRAIN_TORCH_PYTHON=$torch_python
+else
+  echo "PyTorch/transformers unavailable: the export test checks with numpy only"
+fi
 scripts/setup.sh
 # No message is buffered: every multi-rank test runs with Open MPI's eager limits forced
 # down, so a send completes only once its receive is posted and any schedule that could

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/export_hf.hpp"
 #include "comm/launcher.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
@@ -58,6 +59,22 @@ int stopped_before_start() {
   return pptrain::kExitPreempted;
 }
 
+// `pptrain export`: exit 0, 2 for bad input (checkpoint, --out), 1 for a write failure.
+int export_checkpoint_to_hf(const std::string& checkpoint, const std::string& out) {
+  try {
+    const pptrain::ExportSummary s = pptrain::export_hf(checkpoint, out);
+    spdlog::info("exported {} (step {}): {} tensors, {:.1f} MiB, to {}", s.step_dir, s.step,
+                 s.tensors, double(s.bytes) / (1024.0 * 1024.0), out);
+    return pptrain::kExitOk;
+  } catch (const pptrain::InputError& e) {
+    std::fprintf(stderr, "pptrain: error: %s\n", e.what());
+    return pptrain::kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pptrain: error: %s\n", e.what());
+    return pptrain::kExitFailure;
+  }
+}
+
 // `signals` was installed first thing, so that a stop requested during start-up is
 // honoured rather than killing the process.
 int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
@@ -74,6 +91,15 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   CLI::App* topo_cmd = app.add_subcommand(
       "topology", "Print the rank grid: rank -> (tp, dp, pp) and every communication group");
   for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd, topo_cmd}) add_config_options(*cmd, opts);
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a Hugging Face GPT-2 directory (model.safetensors, config.json) from a "
+                "checkpoint of any layout; one process, no MPI");
+  std::string export_checkpoint, export_out;
+  export_cmd->add_option("--checkpoint", export_checkpoint,
+                         "A step dir, or a checkpoint dir whose latest is exported")
+      ->required();
+  export_cmd->add_option("--out", export_out, "The directory to create (absent or empty)")
+      ->required();
   bool plan_json = false;
   check_cmd->add_flag("--json", plan_json, "Print the plan as one JSON object");
 
@@ -86,12 +112,13 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
 
   // Only training turns a signal into a checkpoint and a stop: other commands keep the
   // default action (also for a signal that came while the arguments were parsed).
-  if (check_cmd->parsed() || eval_cmd->parsed() || topo_cmd->parsed()) {
+  if (check_cmd->parsed() || eval_cmd->parsed() || topo_cmd->parsed() || export_cmd->parsed()) {
     const int sig = signals->signal_number();
     signals.reset();
     if (sig != 0) std::raise(sig);
   }
   pptrain::setup_logging("info");
+  if (export_cmd->parsed()) return export_checkpoint_to_hf(export_checkpoint, export_out);
   pptrain::comm::LaunchInfo launch;
   try {
     launch = pptrain::comm::detect_launcher();

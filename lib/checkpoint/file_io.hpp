@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -94,5 +95,16 @@ struct WrittenFile {
 WrittenFile write_safetensors_durable(const std::string& path,
                                       const std::vector<TensorView>& tensors,
                                       const std::map<std::string, std::string>& metadata);
+
+// A tensor's name and shape, its data streamed later.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// The same file, with tensor i's data taken from data_of(i) (called in order, its
+// result read before the next call): one tensor in memory at a time.
+WrittenFile write_safetensors_streamed(const std::string& path, const std::vector<TensorSpec>& specs,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::function<const float*(std::size_t)>& data_of);
 
 }  // namespace pptrain::ckpt

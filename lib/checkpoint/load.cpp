@@ -15,9 +15,8 @@ namespace pptrain {
 
 using namespace ckpt;
 
-namespace {
+namespace ckpt {
 
-// The stored tensors of `role` must be `whole`'s names + suffixes, of its global shapes.
 void match_model(OpenCheckpoint& ck, Role role, const ParamLayout& whole,
                  const std::vector<std::string>& suffixes) {
   const auto& stored = ck.tensors[role];
@@ -43,6 +42,20 @@ void match_model(OpenCheckpoint& ck, Role role, const ParamLayout& whole,
       ck.fail_in(pieces.front().file,
                  "unexpected tensor " + name + " (the checkpoint is of a different model)");
 }
+
+void assemble_global(const OpenCheckpoint& ck, const std::string& name,
+                     const std::vector<const Piece*>& pieces, float* global) {
+  std::vector<float> local;
+  for (const Piece* p : pieces) {
+    local.resize(p->slicing.numel);
+    ck.files[p->file].file.copy_to(name, p->slicing.shape, local.data());
+    slice_to_global(p->slicing, local.data(), global);
+  }
+}
+
+}  // namespace ckpt
+
+namespace {
 
 bool same_slicing(const ParamEntry& a, const ParamEntry& b) {
   return a.split_dim == b.split_dim && a.split_groups == b.split_groups && a.shard == b.shard &&
@@ -135,7 +148,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& whole
   const std::set<std::size_t> read = choose_pieces(ck, jobs, roles);
   for (std::size_t f : read) ck.files[f].verify();
 
-  std::vector<float> global, local;
+  std::vector<float> global;
   for (const Job& job : jobs) {
     const ParamEntry& e = *job.entry;
     if (job.pieces.size() == 1 && holds_exactly(job.pieces[0]->slicing, e)) {
@@ -143,11 +156,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& whole
       continue;
     }
     global.assign(e.hf_numel(), 0.0f);
-    for (const Piece* p : job.pieces) {
-      local.resize(p->slicing.numel);
-      ck.files[p->file].file.copy_to(job.name, p->slicing.shape, local.data());
-      slice_to_global(p->slicing, local.data(), global.data());
-    }
+    assemble_global(ck, job.name, job.pieces, global.data());
     slice_from_global(e, global.data(), job.arena + e.offset);
   }
   spdlog::debug("loaded checkpoint {} (step {}) from {} of its {} files", path, ck.meta.step,

@@ -55,4 +55,14 @@ struct OpenCheckpoint {
 OpenCheckpoint open_checkpoint(const std::filesystem::path& dir, bool with_optimizer,
                                bool verify_all);
 
+// The stored tensors of `role` must be exactly `whole`'s names + suffixes, of its global
+// shapes; InputError naming the file (or dir) and tensor otherwise.
+void match_model(OpenCheckpoint& ck, Role role, const ParamLayout& whole,
+                 const std::vector<std::string>& suffixes);
+
+// `global` (the tensor's hf_numel floats) = stored tensor `name` assembled from `pieces`
+// (a whole piece, or one piece of every shard); the files must be verified first.
+void assemble_global(const OpenCheckpoint& ck, const std::string& name,
+                     const std::vector<const Piece*>& pieces, float* global);
+
 }  // namespace pptrain::ckpt

@@ -19,9 +19,9 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace ckpt {
 
-WrittenFile write_safetensors_durable(const std::string& path,
-                                      const std::vector<TensorView>& tensors,
-                                      const std::map<std::string, std::string>& metadata) {
+WrittenFile write_safetensors_streamed(const std::string& path, const std::vector<TensorSpec>& tensors,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::function<const float*(std::size_t)>& data_of) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     auto& meta = header["__metadata__"] = nlohmann::ordered_json::object();
@@ -37,7 +37,6 @@ WrittenFile write_safetensors_durable(const std::string& path,
       PPTRAIN_CHECK(d >= 0, "negative dimension in " + t.name);
       numel *= static_cast<uint64_t>(d);
     }
-    PPTRAIN_CHECK(numel == 0 || t.data != nullptr, "no data for " + t.name);
     const uint64_t bytes = numel * sizeof(float);
     header[t.name] = {{"dtype", "F32"},
                       {"shape", t.shape},
@@ -54,13 +53,26 @@ WrittenFile write_safetensors_durable(const std::string& path,
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
     out.write(len, sizeof(len));
     out.write(text.data(), text.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) out.write(tensors[i].data, sizes[i]);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const float* data = sizes[i] > 0 ? data_of(i) : nullptr;
+      PPTRAIN_CHECK(sizes[i] == 0 || data != nullptr, "no data for " + tensors[i].name);
+      out.write(data, sizes[i]);
+    }
     out.finish();
     return {out.checksum(), out.bytes()};
   } catch (...) {
     ::unlink(path.c_str());  // no half-written file is left behind
     throw;
   }
+}
+
+WrittenFile write_safetensors_durable(const std::string& path,
+                                      const std::vector<TensorView>& tensors,
+                                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const TensorView& t : tensors) specs.push_back({t.name, t.shape});
+  return write_safetensors_streamed(path, specs, metadata,
+                                    [&](std::size_t i) { return tensors[i].data; });
 }
 
 }  // namespace ckpt
