@@ -123,11 +123,13 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     if (!val.is_object()) throw fail(what + ": entry is not a JSON object");
     auto dtype = val.find("dtype");
     if (dtype == val.end() || !dtype->is_string()) throw fail(what + " has no dtype");
-    if (*dtype != "F32")
-      throw fail(what + " has dtype " + dtype->get<std::string>() +
-                 "; only F32 checkpoints are supported");
     Tensor t;
     t.name = key;
+    const std::string type = dtype->get<std::string>();
+    t.elem = type == "F32" ? 0 : type == "F16" ? 1 : type == "BF16" ? 2 : -1;
+    if (t.elem < 0)
+      throw fail(what + " has dtype " + type + "; F32, F16 and BF16 tensors are supported");
+    const uint64_t elem_bytes = t.elem == 0 ? 4 : 2;
     auto shape = val.find("shape");
     if (shape == val.end() || !shape->is_array()) throw fail(what + " has no shape array");
     uint64_t numel = 1;
@@ -152,10 +154,10 @@ SafetensorsFile SafetensorsFile::read(const std::string& path) {
     if (t.begin > t.end || t.end > data_size)
       throw fail(what + " has data_offsets " + range + " outside the " + std::to_string(data_size) +
                  " data bytes; the file may be truncated");
-    if (t.end - t.begin != numel * sizeof(float))
+    if (t.end - t.begin != numel * elem_bytes)
       throw fail(what + " has data_offsets " + range + " (" + std::to_string(t.end - t.begin) +
                  " bytes) but shape " + ckpt::shape_str(t.shape) + " needs " +
-                 std::to_string(numel * sizeof(float)) + " bytes");
+                 std::to_string(numel * elem_bytes) + " bytes");
     f.tensors_.push_back(std::move(t));
   }
 
@@ -201,7 +203,55 @@ void SafetensorsFile::copy_to(const std::string& name, const std::vector<int64_t
   if (t.shape != expected_shape)
     throw InputError(path_ + ": tensor " + name + " has shape " + ckpt::shape_str(t.shape) +
                      ", expected " + ckpt::shape_str(expected_shape));
-  if (t.end > t.begin) std::memcpy(dst, base_ + data_start_ + t.begin, t.end - t.begin);
+  if (t.elem == 0) {
+    if (t.end > t.begin) std::memcpy(dst, base_ + data_start_ + t.begin, t.end - t.begin);
+    return;
+  }
+  const Elements e = elements(name);
+  for (uint64_t i = 0; i < e.size(); ++i) dst[i] = e[i];
+}
+
+std::string SafetensorsFile::dtype(const std::string& name) const {
+  static const char* const kNames[] = {"F32", "F16", "BF16"};
+  return kNames[find(name).elem];
+}
+
+SafetensorsFile::Elements SafetensorsFile::elements(const std::string& name) const {
+  const Tensor& t = find(name);
+  Elements e;
+  e.data_ = base_ + data_start_ + t.begin;
+  e.elem_ = t.elem;
+  e.size_ = (t.end - t.begin) / (t.elem == 0 ? 4 : 2);
+  return e;
+}
+
+namespace {
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
+  } else if (mant == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: mant * 2^-24, exact in float
+    const float v = float(mant) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(bits);
+}
+}  // namespace
+
+float SafetensorsFile::Elements::operator[](uint64_t i) const {
+  if (elem_ == 0) {
+    float v;
+    std::memcpy(&v, data_ + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, data_ + 2 * i, 2);
+  return elem_ == 1 ? half_to_float(h) : std::bit_cast<float>(uint32_t(h) << 16);
 }
 
 std::string_view SafetensorsFile::bytes() const { return {base_, size_}; }

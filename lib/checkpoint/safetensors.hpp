@@ -1,6 +1,7 @@
 // The safetensors file format (as used by Hugging Face): an 8-byte little-endian
 // header length, a JSON header naming each tensor's dtype, shape and byte range,
-// then the raw tensor bytes. Only F32 tensors are written and read.
+// then the raw tensor bytes. pptrain writes F32 tensors; it reads F32, F16 and BF16 ones
+// (the last two converted to float, for Hugging Face models stored in half precision).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -28,15 +29,31 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
 class SafetensorsFile {
  public:
   // Throws InputError "PATH: reason" if the file is unreadable or not a valid
-  // all-F32 safetensors file (bad header, bad offsets, trailing bytes...).
+  // safetensors file of F32, F16 and BF16 tensors (bad header, bad offsets, trailing
+  // bytes, another dtype...).
   static SafetensorsFile read(const std::string& path);
 
   std::vector<std::string> names() const;  // in file (data offset) order
   bool contains(const std::string& name) const;
   std::vector<int64_t> shape(const std::string& name) const;  // InputError if absent
-  // Copies tensor `name`, which must have exactly `expected_shape`, to dst; InputError otherwise.
+  std::string dtype(const std::string& name) const;  // "F32", "F16" or "BF16"
+  // Copies tensor `name`, which must have exactly `expected_shape`, to dst as floats;
+  // InputError otherwise.
   void copy_to(const std::string& name, const std::vector<int64_t>& expected_shape,
                float* dst) const;
+  // Tensor `name`'s elements in row-major order, read from the mapping as floats on
+  // access (only the pages touched are read). Valid while this file object lives.
+  class Elements {
+   public:
+    float operator[](uint64_t i) const;
+    uint64_t size() const { return size_; }
+   private:
+    friend class SafetensorsFile;
+    const char* data_ = nullptr;
+    int elem_ = 0;  // 0 F32, 1 F16, 2 BF16
+    uint64_t size_ = 0;
+  };
+  Elements elements(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
   std::string_view bytes() const;  // the whole file as stored
@@ -47,6 +64,7 @@ class SafetensorsFile {
     std::vector<int64_t> shape;
     uint64_t begin = 0;  // byte range in the data section
     uint64_t end = 0;
+    int elem = 0;        // 0 F32, 1 F16, 2 BF16
   };
   const Tensor& find(const std::string& name) const;
 

@@ -50,6 +50,7 @@ std::span<const Field> fields() {
       PPTRAIN_FIELD(data, path),            PPTRAIN_FIELD(data, val_path),
       PPTRAIN_FIELD(checkpoint, dir),       PPTRAIN_FIELD(checkpoint, every),
       PPTRAIN_FIELD(checkpoint, keep),      PPTRAIN_FIELD(checkpoint, resume),
+      PPTRAIN_FIELD(checkpoint, init_from),
       PPTRAIN_FIELD(logging, every),        PPTRAIN_FIELD(logging, metrics),
       PPTRAIN_FIELD(logging, trace),        PPTRAIN_FIELD(logging, trace_steps),
       PPTRAIN_FIELD(logging, level),

@@ -11,17 +11,22 @@
 namespace pptrain {
 
 double evaluate_checkpoint(const Config& cfg) {
-  if (cfg.checkpoint.resume.empty())
-    throw InputError(cfg.source_path +
-                     ": checkpoint.resume: eval needs a checkpoint (a path, or auto)");
-  const std::string path = resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume);
-  if (path.empty())
+  const bool hf = cfg.checkpoint.resume.empty() && !cfg.checkpoint.init_from.empty();
+  if (cfg.checkpoint.resume.empty() && !hf)
+    throw InputError(cfg.source_path + ": checkpoint.resume: eval needs a checkpoint (a path, "
+                                       "or auto) or checkpoint.init_from");
+  const std::string path = hf ? "" : resolve_resume(cfg.checkpoint.dir, cfg.checkpoint.resume);
+  if (path.empty() && !hf)
     throw InputError(cfg.checkpoint.dir + ": no valid checkpoint to evaluate (checkpoint.resume: auto)");
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
   if (val.empty())
     throw InputError(cfg.source_path + ": data.val_path: eval needs validation data");
   Session s(cfg);
   return run_all_or_none(s, [&](Session& session) {
+    if (hf) {
+      init_from_hf(session);
+      return validation_loss(session, val, 0);
+    }
     const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr, nullptr);
     check_same_model(cfg, meta, path);
     if (session.logs())

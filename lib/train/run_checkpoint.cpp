@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "checkpoint/init_from.hpp"
 #include "checkpoint/sharded.hpp"
 
 namespace pptrain {
@@ -121,6 +122,17 @@ CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* e
   s.model.write_params(params.data());
   if (s.logs()) spdlog::info("loaded checkpoint {} (step {})", path, meta.step);
   return meta;
+}
+
+void init_from_hf(Session& s) {
+  std::vector<float> params(s.model.layout().total_floats(), 0.0f);
+  const InitFromResult r =
+      load_hf_weights(s.cfg.checkpoint.init_from, s.cfg.model, s.model.layout(), params.data());
+  s.model.write_params(params.data());
+  if (!s.logs()) return;
+  std::string notes;
+  for (const std::string& n : r.notes) notes += "; " + n;
+  spdlog::info("initialised from {}{}", r.file, notes);
 }
 
 }  // namespace pptrain

@@ -26,4 +26,8 @@ std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* e
 CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
                                    float* exp_avg_sq);
 
+// This rank's weights from checkpoint.init_from (a Hugging Face GPT-2 model), logged on
+// rank 0 with what was adapted. InputError for a file that does not fit the model.
+void init_from_hf(Session& s);
+
 }  // namespace pptrain

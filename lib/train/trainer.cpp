@@ -200,8 +200,9 @@ TrainResult RankTrainer::run() {
   return result_;
 }
 
-// Loads the checkpoint to resume from (weights, moments, step), or initialises fresh
-// weights; refuses a directory that holds checkpoints it is not asked to resume.
+// Loads the checkpoint to resume from (weights, moments, step), or starts fresh: from
+// checkpoint.init_from's weights, else GPT-2's initialisation; refuses a directory that
+// holds checkpoints it is not asked to resume.
 void RankTrainer::resume_or_init() {
   const std::string& dir = cfg_.checkpoint.dir;
   const std::string resume = dir.empty() && cfg_.checkpoint.resume == "auto"
@@ -225,7 +226,11 @@ void RankTrainer::resume_or_init() {
                          : dir + ": already holds checkpoints of an earlier run; set "
                                  "checkpoint.resume: auto to continue it, or choose "
                                  "another checkpoint.dir");
-  s_.model.init_parameters(cfg_.train.seed);
+  if (cfg_.checkpoint.init_from.empty()) {
+    s_.model.init_parameters(cfg_.train.seed);
+    return;
+  }
+  init_from_hf(s_);
 }
 
 void RankTrainer::log_start() const {

@@ -28,7 +28,7 @@ TrainResult train(const Config& config);
 
 // Loads the checkpoint checkpoint.resume names and returns the mean loss over the
 // whole validation set (windows of seq_len+1 tokens, in order).
-double evaluate_checkpoint(const Config& config);
+double evaluate_checkpoint(const Config& config);  // checkpoint.resume, else init_from
 
 // Human-readable summary of the run: sizes, FLOPs and a memory estimate. Opens the
 // data files so that their errors surface here.

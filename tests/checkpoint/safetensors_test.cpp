@@ -2,6 +2,8 @@
 #include "checkpoint/safetensors.hpp"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <unistd.h>
 
 #include <cstring>
@@ -101,6 +103,26 @@ TEST_F(SafetensorsTest, HeaderIsExactlyAsSpecified) {
   EXPECT_EQ(std::memcmp(bytes.data() + 88, x, 8), 0);
 }
 
+// Hugging Face models stored in half precision load as floats, exactly.
+TEST_F(SafetensorsTest, ReadsF16AndBf16AsFloats) {
+  const std::string header = R"({"h":{"dtype":"F16","shape":[5],"data_offsets":[0,10]},)"
+                             R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[10,14]}})";
+  // F16: 1, -2, 0.5, 2^-24 (the smallest subnormal), inf; BF16: 1, 3.140625.
+  const uint16_t bits[] = {0x3C00, 0xC000, 0x3800, 0x0001, 0x7C00, 0x3F80, 0x4049};
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t(header.size()) >> (8 * i));
+  out += header + std::string(reinterpret_cast<const char*>(bits), sizeof bits);
+  spit(file("half"), out);
+  const SafetensorsFile f = SafetensorsFile::read(file("half"));
+  EXPECT_EQ(f.dtype("h"), "F16");
+  std::vector<float> h(5), b(2);
+  f.copy_to("h", {5}, h.data());
+  f.copy_to("b", {2}, b.data());
+  EXPECT_EQ(h, (std::vector<float>{1.0f, -2.0f, 0.5f, 0x1p-24f, INFINITY}));
+  EXPECT_EQ(b, (std::vector<float>{1.0f, 3.140625f}));
+  EXPECT_EQ(f.elements("h")[2], 0.5f);
+}
+
 TEST_F(SafetensorsTest, WriteFailureThrowsRuntimeError) {
   const float x = 1.0f;
   EXPECT_THROW(write_safetensors(file("no/such/dir/x.safetensors"), {{"x", {1}, &x}}),
@@ -119,7 +141,8 @@ TEST_F(SafetensorsTest, RejectsMalformedFiles) {
   expect_bad(file("hlen"), "header length 1000 exceeds the file size");
   expect_bad(raw("{not json", 0, "notjson"), "not valid JSON");
   expect_bad(raw("[1, 2]", 0, "array"), "not a JSON object");
-  expect_bad(raw("{" + x("BF16", "[2]", "[0,4]") + "}", 4, "bf16"), "dtype BF16");
+  expect_bad(raw("{" + x("I64", "[2]", "[0,16]") + "}", 16, "i64"), "dtype I64");
+  expect_bad(raw("{" + x("F16", "[2]", "[0,8]") + "}", 8, "f16_size"), "needs 4 bytes");
   expect_bad(raw("{" + x("F32", "[2]", "[0,8]") + "}", 4, "range"), "outside the 4 data bytes");
   expect_bad(raw("{" + x("F32", "[3]", "[0,8]") + "}", 8, "size"), "needs 12 bytes");
   expect_bad(raw("{" + x("F32", "[-2]", "[0,8]") + "}", 8, "neg"), "not a size");

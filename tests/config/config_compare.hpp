@@ -52,6 +52,7 @@ inline void expect_same_config(const Config& a, const Config& b) {
   PPTRAIN_SAME(checkpoint.every);
   PPTRAIN_SAME(checkpoint.keep);
   PPTRAIN_SAME(checkpoint.resume);
+  PPTRAIN_SAME(checkpoint.init_from);
   PPTRAIN_SAME(logging.every);
   PPTRAIN_SAME(logging.metrics);
   PPTRAIN_SAME(logging.trace);
