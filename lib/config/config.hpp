@@ -68,8 +68,10 @@ struct TrainConfig {
 
 struct DataConfig {
   DataSource source = DataSource::Synthetic;
-  std::string path;                  // training data file (unused by synthetic)
-  std::string val_path;              // validation data file; synthetic: built in
+  // Training and validation token files (unused by synthetic, which has both built in):
+  // files or globs, concatenated in order (a glob's matches sorted).
+  std::vector<std::string> path;
+  std::vector<std::string> val_path;
 };
 
 struct CheckpointConfig {

@@ -86,6 +86,25 @@ class Decoder {
                                   std::to_string(kMaxStringBytes) + " allowed (" +
                                   describe(node) + ")");
   }
+  // Paths: one string (empty: none), or a list of strings.
+  void decode(const std::string& key, const YAML::Node& node, std::vector<std::string>& out) {
+    out.clear();
+    if (node.IsNull()) return;
+    if (node.IsScalar()) {
+      std::string one;
+      decode(key, node, one);
+      if (!one.empty()) out.push_back(one);
+      return;
+    }
+    if (!node.IsSequence()) wrong(key, node, "a string or a list of strings");
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const std::string item = key + "[" + std::to_string(i) + "]";
+      if (!node[i].IsScalar() || node[i].Scalar().empty()) wrong(item, node[i], "a path");
+      std::string one;
+      field(item, node[i], &one, node[i].Mark());
+      out.push_back(one);
+    }
+  }
   // One of the enum's names (a plain or quoted scalar).
   template <Choice E>
   void decode(const std::string& key, const YAML::Node& node, E& out) {
@@ -197,6 +216,16 @@ std::string to_yaml(const Config& config) {
             out << YAML::Flow << YAML::BeginSeq;
             for (int x : *v) out << std::to_string(x);
             out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            if (v->size() == 1) {
+              out << YAML::DoubleQuoted << v->front();
+            } else if (v->empty()) {
+              out << YAML::DoubleQuoted << "";
+            } else {
+              out << YAML::Flow << YAML::BeginSeq;
+              for (const std::string& x : *v) out << YAML::DoubleQuoted << x;
+              out << YAML::EndSeq;
+            }
           } else if constexpr (std::is_same_v<T, std::vector<double>>) {
             out << YAML::Flow << YAML::BeginSeq;
             for (double x : *v) out << format_double(x);

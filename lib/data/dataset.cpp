@@ -34,13 +34,19 @@ void check_source_and_model(const DataConfig& data, const ModelConfig& model) {
 // Synthetic data comes from no file: a path set for it is a mistake worth reporting.
 void check_synthetic_paths(const DataConfig& data) {
   if (!data.path.empty()) {
-    throw InputError("data.path: must be empty for data.source synthetic (got \"" + data.path +
-                     "\")");
+    throw InputError("data.path: must be empty for data.source synthetic (got \"" +
+                     data.path.front() + "\")");
   }
   if (!data.val_path.empty()) {
     throw InputError("data.val_path: must be empty for data.source synthetic, which has a "
-                     "built-in validation stream (got \"" + data.val_path + "\")");
+                     "built-in validation stream (got \"" + data.val_path.front() + "\")");
   }
+}
+
+// "FILE" or "FILE and N more": the files of an entry list, for messages.
+std::string files_text(const std::vector<std::string>& files) {
+  return files.size() == 1 ? files.front()
+                           : files.front() + " and " + std::to_string(files.size() - 1) + " more";
 }
 
 void check_long_enough(const std::string& path, std::size_t n, int seq_len) {
@@ -56,7 +62,6 @@ TrainData TrainData::open(const DataConfig& data, const ModelConfig& model, uint
   check_source_and_model(data, model);
   TrainData d;
   d.source_ = data.source;
-  d.path_ = data.path;
   d.seq_len_ = model.seq_len;
   d.stream_ = train_stream(seed);
   if (data.source == DataSource::Synthetic) {
@@ -67,8 +72,10 @@ TrainData TrainData::open(const DataConfig& data, const ModelConfig& model, uint
   if (data.path.empty()) {
     throw InputError("data.path: required for data.source " + std::string(name_of(data.source)));
   }
-  d.tokens_ = read_token_file(data.source, data.path, model.vocab_size);
-  check_long_enough(data.path, d.tokens_.size(), model.seq_len);
+  const std::vector<std::string> files = expand_data_paths(data.path, "data.path");
+  d.path_ = files_text(files);
+  d.corpus_.emplace(TokenCorpus::open(data.source, files, model.vocab_size));
+  check_long_enough(d.path_, d.corpus_->size(), model.seq_len);
   return d;
 }
 
@@ -79,9 +86,10 @@ void TrainData::sequence(int64_t step, int64_t index, int32_t* out) const {
     return;
   }
   // Window starts 0 .. n-seq_len-1 all leave room for seq_len+1 tokens.
-  const uint64_t starts = tokens_.size() - std::size_t(seq_len_);
+  // The files' concatenation, in order: a window may span two files.
+  const uint64_t starts = corpus_->size() - std::size_t(seq_len_);
   const uint64_t offset = hash_words(stream_, uint64_t(step), uint64_t(index)) % starts;
-  std::copy_n(tokens_.data() + offset, seq_len_ + 1, out);
+  corpus_->copy(offset, std::size_t(seq_len_) + 1, out);
 }
 
 std::string TrainData::describe() const {
@@ -94,7 +102,9 @@ std::string TrainData::describe() const {
                   std::log(double(chain_->vocab_size())));
     return line;
   }
-  return std::string(name_of(source_)) + " " + path_ + ": " + std::to_string(tokens_.size()) + " tokens";
+  const std::size_t files = corpus_->num_files();
+  return std::string(name_of(source_)) + " " + path_ + ": " + std::to_string(corpus_->size()) +
+         " tokens in " + std::to_string(files) + (files == 1 ? " file" : " files");
 }
 
 std::vector<int32_t> load_validation_tokens(const DataConfig& data, const ModelConfig& model,
@@ -111,8 +121,11 @@ std::vector<int32_t> load_validation_tokens(const DataConfig& data, const ModelC
     return tokens;
   }
   if (data.val_path.empty()) return {};
-  std::vector<int32_t> tokens = read_token_file(data.source, data.val_path, model.vocab_size);
-  check_long_enough(data.val_path, tokens.size(), model.seq_len);
+  const std::vector<std::string> files = expand_data_paths(data.val_path, "data.val_path");
+  const TokenCorpus corpus = TokenCorpus::open(data.source, files, model.vocab_size);
+  std::vector<int32_t> tokens(corpus.size());
+  corpus.copy(0, tokens.size(), tokens.data());
+  check_long_enough(files_text(files), tokens.size(), model.seq_len);
   return tokens;
 }
 

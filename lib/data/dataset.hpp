@@ -1,5 +1,5 @@
-// Training and validation tokens: whole token files (text, llm.c shards, nanoGPT
-// dumps) and the built-in synthetic corpus. Which tokens a training sequence holds is
+// Training and validation tokens: token files (text, llm.c shards, nanoGPT dumps; one or
+// many, memory-mapped) and the built-in synthetic corpus. Which tokens a training sequence holds is
 // a pure function of (seed, step, index), so resume and every parallel layout agree.
 #pragma once
 #include <cstddef>
@@ -10,6 +10,7 @@
 
 #include "config/config.hpp"
 #include "data/synthetic.hpp"
+#include "data/token_corpus.hpp"
 
 namespace pptrain {
 
@@ -25,7 +26,7 @@ std::vector<int32_t> read_token_file(DataSource source, const std::string& path,
 // and a data-parallel layout reads the same global sequences.
 class TrainData {
  public:
-  // Reads data.path (file sources) or builds the synthetic chain. Throws InputError.
+  // Maps data.path's files (globs expanded) or builds the synthetic chain. InputError.
   static TrainData open(const DataConfig& data, const ModelConfig& model, uint64_t seed);
 
   TrainData(TrainData&&) = default;
@@ -35,25 +36,25 @@ class TrainData {
 
   // Writes seq_len+1 tokens: the index-th sequence of step `step` (both 0-based).
   void sequence(int64_t step, int64_t index, int32_t* out) const;
-  // One line, e.g. "llmc data/train.bin: 1048576 tokens".
+  // One line, e.g. "llmc data/train_000001.bin and 9 more: 104857600 tokens in 10 files".
   std::string describe() const;
 
   int seq_len() const { return seq_len_; }
   bool synthetic() const { return chain_.has_value(); }
-  std::size_t num_tokens() const { return tokens_.size(); }  // 0 for synthetic
+  std::size_t num_tokens() const { return corpus_ ? corpus_->size() : 0; }  // 0: synthetic
 
  private:
   TrainData() = default;
 
   DataSource source_ = DataSource::Synthetic;
-  std::string path_;
+  std::string path_;                   // the files, for the log
   int seq_len_ = 0;
   uint64_t stream_ = 0;                // key of this run's training draws
-  std::vector<int32_t> tokens_;        // file sources
+  std::optional<TokenCorpus> corpus_;  // file sources, mapped
   std::optional<MarkovChain> chain_;   // synthetic source
 };
 
-// Validation tokens: read_token_file(data.source, data.val_path) when val_path is set
+// Validation tokens: data.val_path's files (globs expanded) read whole when it is set
 // (an InputError if it holds fewer than seq_len+1 tokens); for the synthetic source, a
 // built-in held-out stream of 64 * (seq_len + 1) tokens: 64 windows drawn from the
 // training chain with keys training never uses; otherwise empty.

@@ -51,7 +51,7 @@ TEST(ConfigOverride, ValueIsYaml) {
   Config c = parse_config(kBase, "b.yaml",
                           {"logging.trace_steps=[3,4]", "data.path='a b.bin'", "train.seed=7"});
   EXPECT_EQ(c.logging.trace_steps, (std::vector<int>{3, 4}));
-  EXPECT_EQ(c.data.path, "a b.bin");
+  EXPECT_EQ(c.data.path, std::vector<std::string>{"a b.bin"});
   EXPECT_EQ(c.train.seed, 7u);
   c = parse_config("checkpoint:\n  resume: auto\n", "b.yaml", {"checkpoint.resume="});
   EXPECT_EQ(c.checkpoint.resume, "");  // an empty value clears a string
@@ -107,7 +107,7 @@ Config non_default_config() {
   c.parallel.schedule_costs = {1, 1.07, 0.7000000000000001};
   c.parallel.message_mode = MessageModeChoice::Grouped;
   c.train.attention = Attention::Fused;
-  c.data = {DataSource::Llmc, "data/train: #1 \"x\".bin", "~"};
+  c.data = {DataSource::Llmc, {"data/train: #1 \"x\".bin", "shard_*.bin"}, {"~"}};
   c.checkpoint = {"true", 100, 2, "123", "hf/gpt2"};
   c.logging = {7, "null", "", {0, 5, 10}, LogLevel::Warn};
   c.device = Device::Cuda;

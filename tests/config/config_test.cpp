@@ -232,7 +232,7 @@ train:
   threads: 2
   precision: bf16
   peak_tflops: 756.5
-data: {source: text, path: train.txt, val_path: val.txt}
+data: {source: text, path: train.txt, val_path: [val_0.txt, val_1.txt]}
 checkpoint: {dir: ckpt, every: 5, keep: 1, resume: auto}
 logging:
   every: 2
@@ -273,8 +273,8 @@ device: auto
   EXPECT_EQ(c.train.precision, Precision::BF16);
   EXPECT_EQ(c.train.peak_tflops, 756.5);
   EXPECT_EQ(c.data.source, DataSource::Text);
-  EXPECT_EQ(c.data.path, "train.txt");
-  EXPECT_EQ(c.data.val_path, "val.txt");
+  EXPECT_EQ(c.data.path, std::vector<std::string>{"train.txt"});
+  EXPECT_EQ(c.data.val_path, (std::vector<std::string>{"val_0.txt", "val_1.txt"}));
   EXPECT_EQ(c.checkpoint.dir, "ckpt");
   EXPECT_EQ(c.checkpoint.every, 5);
   EXPECT_EQ(c.checkpoint.keep, 1);

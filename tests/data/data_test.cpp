@@ -1,6 +1,8 @@
 // Tests for lib/data: token file formats and their errors, deterministic training
 // sequences, the synthetic chain and validation windows.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <atomic>
@@ -90,8 +92,8 @@ DataConfig data_with(DataSource source, const std::string& path = "",
                      const std::string& val_path = "") {
   DataConfig d;
   d.source = source;
-  d.path = path;
-  d.val_path = val_path;
+  if (!path.empty()) d.path = {path};
+  if (!val_path.empty()) d.val_path = {val_path};
   return d;
 }
 
@@ -171,6 +173,49 @@ TEST_F(TokenFiles, ConfigMistakes) {
       "data.val_path", "synthetic");
 }
 
+// llm.c's layout: many shards, named by a glob or listed, read as their concatenation in
+// sorted order: the same windows as one file holding all the tokens.
+TEST_F(TokenFiles, ShardsAreTheirConcatenation) {
+  std::vector<int32_t> all(3000);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = int32_t((i * 7) % 50000);
+  const std::string one = write("all.bin", uint16s(all));
+  std::vector<std::string> shards;
+  for (int k = 0; k < 3; ++k) {  // 1000 tokens each, written out of order
+    const int shard = (k + 1) % 3;
+    std::vector<int32_t> part(all.begin() + shard * 1000, all.begin() + (shard + 1) * 1000);
+    shards.push_back(write("fw_train_00000" + std::to_string(shard) + ".bin", llmc(part)));
+  }
+  const ModelConfig m = model_with(50000, 64);
+  auto whole = TrainData::open(data_with(DataSource::NanoGpt, one), m, 9);
+  DataConfig by_glob = data_with(DataSource::Llmc);
+  by_glob.path = {(dir_ / "fw_train_*.bin").string()};
+  DataConfig by_list = data_with(DataSource::Llmc);
+  by_list.path = {(dir_ / "fw_train_000000.bin").string(), (dir_ / "fw_train_000001.bin").string(),
+                  (dir_ / "fw_train_000002.bin").string()};
+  auto globbed = TrainData::open(by_glob, m, 9), listed = TrainData::open(by_list, m, 9);
+  EXPECT_EQ(globbed.num_tokens(), 3000u);
+  EXPECT_NE(globbed.describe().find("3000 tokens in 3 files"), std::string::npos) << globbed.describe();
+  bool spans_a_boundary = false;
+  for (int64_t step = 0; step < 50; ++step)
+    for (int64_t index = 0; index < 4; ++index) {
+      const auto w = seq(whole, step, index);
+      EXPECT_EQ(seq(globbed, step, index), w);
+      EXPECT_EQ(seq(listed, step, index), w);
+      const auto start = std::find(all.begin(), all.end(), w[0]) - all.begin();
+      spans_a_boundary = spans_a_boundary || (start % 1000) > 1000 - 65;
+    }
+  EXPECT_TRUE(spans_a_boundary);  // some window crossed from one shard into the next
+  by_glob.val_path = by_glob.path;
+  EXPECT_EQ(load_validation_tokens(by_glob, m, 9), all);
+  // A glob that matches nothing, and one bad shard among good ones, name the culprit.
+  DataConfig none = data_with(DataSource::Llmc);
+  none.path = {(dir_ / "nothing_*.bin").string()};
+  expect_input_error([&] { TrainData::open(none, m, 9); }, none.path[0],
+                     "data.path: the glob matches no file");
+  const std::string bad = write("fw_train_000003.bin", llmc_header(7, 1, 2) + uint16s({1, 2}));
+  expect_input_error([&] { TrainData::open(by_glob, m, 9); }, bad, "bad magic 7");
+}
+
 TEST_F(TokenFiles, FileSequencesAreDeterministicWindows) {
   std::vector<int32_t> tokens(5000);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 60000);
@@ -180,7 +225,7 @@ TEST_F(TokenFiles, FileSequencesAreDeterministicWindows) {
   auto b = TrainData::open(data_with(DataSource::Llmc, path), model_with(60000, seq_len), 42);
   auto other_seed = TrainData::open(data_with(DataSource::Llmc, path), model_with(60000, seq_len), 43);
   EXPECT_EQ(a.num_tokens(), 5000u);
-  EXPECT_EQ(a.describe(), "llmc " + path + ": 5000 tokens");
+  EXPECT_EQ(a.describe(), "llmc " + path + ": 5000 tokens in 1 file");
   std::set<int32_t> starts;
   int same_as_other_seed = 0;
   for (int64_t step = 0; step < 20; ++step) {

@@ -217,6 +217,9 @@ CASES = [
     ("D15", [F("d.bin", u16(range(100))), ("call", os.mkfifo, "v.bin")],
      TRAIN + ["--set", "data.source=nanogpt", "--set", "data.path=d.bin", "--set",
               "data.val_path=v.bin"]),
+    ("D16", [], TRAIN + ["--set", "data.source=llmc", "--set", "data.path=shard_*.bin"]),
+    ("D17", [F("s_000.bin", llmc()), F("s_001.bin", llmc(magic=7))],
+     TRAIN + ["--set", "data.source=llmc", "--set", "data.path=s_*.bin"]),
     # Checkpoints (ck/ holds one trained at step 2 by BASE; ck2/ is an empty new dir).
     ("K01", [CK(), ("call", lambda p: flip_byte(p, os.path.getsize(p) - 100),
                     f"{STEP}/model.safetensors")], TRAIN + RESUME),
@@ -254,6 +257,9 @@ CASES = [
     ("K24", [("call", hold_lock, "ck2")], TRAIN + ["--set", "checkpoint.dir=ck2"]),
     ("K25", [CK(), ("call", lambda p: shutil.copytree(p, p[:-1] + "3"), STEP)],
      TRAIN + ["--set", "checkpoint.resume=ck/step_00000003", "--set", "checkpoint.dir=ck2"]),
+    ("K26", [CK()], TRAIN + ["--set", "checkpoint.init_from=ck/step_00000002", "--set",
+                             "checkpoint.dir=ck2", "--set", "model.d_model=64"]),
+    ("K27", [], TRAIN + ["--set", "checkpoint.init_from=nohf", "--set", "checkpoint.dir=ck2"]),
     # Output paths.
     ("P01", [F("afile", "x")], TRAIN + ["--set", "logging.metrics=afile/m.jsonl"]),
     ("P02", [F("afile", "x")], TRAIN + ["--set", "logging.trace=afile/t.json", "--set",

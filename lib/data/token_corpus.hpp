@@ -1,0 +1,39 @@
+// Token files opened as one corpus, in the order given: llm.c shards, nanoGPT dumps or
+// text files, each memory-mapped and read on demand rather than loaded whole. data.path
+// and data.val_path entries are files or globs (llm.c's fineweb_train_*.bin layout).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace pptrain {
+
+// The files of data.path / data.val_path (`key`, for messages): each entry a file, or a
+// glob (* ? [) expanded in sorted order. InputError "ENTRY: key: the glob matches no file".
+std::vector<std::string> expand_data_paths(const std::vector<std::string>& entries,
+                                           const std::string& key);
+
+class TokenCorpus {
+ public:
+  // Maps every file and checks it: the llm.c header, the size, and every token
+  // < vocab_size (one pass over the mapping). InputError "PATH: reason" otherwise.
+  static TokenCorpus open(DataSource source, const std::vector<std::string>& paths,
+                          int vocab_size);
+
+  std::size_t size() const { return size_; }  // tokens in all files
+  std::size_t num_files() const { return shards_.size(); }
+  // out[0..n) = tokens [start, start + n) of the files' concatenation.
+  void copy(std::size_t start, std::size_t n, int32_t* out) const;
+
+ private:
+  struct Shard;
+  std::vector<std::shared_ptr<const Shard>> shards_;
+  std::vector<std::size_t> first_;  // index of each shard's first token
+  std::size_t size_ = 0;
+};
+
+}  // namespace pptrain
