@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`pptrain export` turns checkpoints of any layout into a Hugging Face GPT-2 directory.
+"""`pptrain export` turns checkpoints of any layout (the one-rank file, sharded ones) into a
+Hugging Face GPT-2 directory.
 
 For each layout below: trains a tiny model on a text file (vocabulary 300, so the
 exported wte keeps only the real rows of the padded one), takes `pptrain eval`'s loss of
@@ -21,8 +22,9 @@ import shutil
 import subprocess
 import sys
 
-# name: (tp, pp, dp, micro_batches, extra overrides); 8 sequences per step in each.
+# name: (tp, pp, dp, micro_batches, extra overrides).
 LAYOUTS = {
+    "single": (1, 1, 1, 2, []),
     "tp2_pp2": (2, 2, 1, 2, []),
     "pp2_dp2_zero1": (1, 2, 2, 1, ["parallel.zero=1"]),
     "tp2_sp": (2, 1, 1, 2, ["parallel.sequence_parallel=true"]),
