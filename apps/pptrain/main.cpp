@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/stop_signal.hpp"
+#include "plan/planner.hpp"
 #include "topology/rank_grid.hpp"
 #include "train/session.hpp"
 #include "train/trainer.hpp"
@@ -102,6 +103,22 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
       ->required();
   bool plan_json = false;
   check_cmd->add_flag("--json", plan_json, "Print the plan as one JSON object");
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "Rank the layouts of the config's model and global batch that fit a cluster, "
+              "by predicted tokens/s");
+  add_config_options(*plan_cmd, opts);
+  std::string cluster_path;
+  int plan_top = 10;
+  pptrain::PlanOptions plan_options;
+  plan_cmd->add_option("--cluster", cluster_path, "Cluster file (nodes, gpus_per_node, device)")
+      ->required();
+  plan_cmd->add_flag("--json", plan_json, "Print the rows as a JSON list");
+  plan_cmd->add_option("--top", plan_top, "Rows to print (0: all; default 10)");
+  plan_cmd->add_flag("--this", plan_options.this_layout, "Predict only the config's own layout");
+  plan_cmd->add_flag("--all", plan_options.all,
+                     "Also list layouts that do not fit, and dropped ones with the reason");
+  plan_cmd->add_flag("--tp-across-nodes", plan_options.tp_across_nodes,
+                     "Let tensor-parallel groups span nodes");
 
   try {
     app.parse(argc, argv);
@@ -112,7 +129,8 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
 
   // Only training turns a signal into a checkpoint and a stop: other commands keep the
   // default action (also for a signal that came while the arguments were parsed).
-  if (check_cmd->parsed() || eval_cmd->parsed() || topo_cmd->parsed() || export_cmd->parsed()) {
+  if (check_cmd->parsed() || eval_cmd->parsed() || topo_cmd->parsed() || export_cmd->parsed() ||
+      plan_cmd->parsed()) {
     const int sig = signals->signal_number();
     signals.reset();
     if (sig != 0) std::raise(sig);
@@ -132,6 +150,13 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
       }
       std::fputs(pptrain::describe_plan(config).c_str(), stdout);
       std::puts("config OK");
+      return pptrain::kExitOk;
+    }
+    if (plan_cmd->parsed()) {
+      const pptrain::Cluster cluster = pptrain::load_cluster(cluster_path);
+      const auto rows = pptrain::plan_layouts(config, cluster, plan_options);
+      std::fputs((plan_json ? pptrain::format_plan_json(rows, plan_top)
+                            : pptrain::format_plan(rows, plan_top)).c_str(), stdout);
       return pptrain::kExitOk;
     }
     if (topo_cmd->parsed()) {

@@ -50,12 +50,14 @@ struct Slot {
 
 class Simulation {
  public:
+  // chunk_costs: each virtual stage's F, B and W times; p2p: a message's time.
   Simulation(const std::vector<std::vector<Step>>& steps, const Placement& placement, int m,
-             MessageMode mode, const StageCosts& costs, const std::vector<int>& layers)
+             MessageMode mode, std::vector<StageCosts> chunk_costs, double p2p)
       : steps_(steps), placement_(placement), pp_(placement.pp()), m_(m), v_(placement.chunks()),
-        mode_(mode), costs_(costs), stages_(size_t(pp_)) {
+        mode_(mode), chunk_costs_(std::move(chunk_costs)), p2p_(p2p), stages_(size_t(pp_)) {
+    if (int(chunk_costs_.size()) != placement.virtual_stages())
+      throw std::invalid_argument("simulate: needs one cost per virtual stage");
     for (auto& s : stages_) s.units.resize(size_t(m * v_));
-    set_chunk_shares(layers);
     match_messages();
   }
 
@@ -110,19 +112,8 @@ class Simulation {
     if (!ok) fail(s, stages_[size_t(s)].next, problem);
   }
 
-  // Each chunk's cost as a share of its stage's: its layers over the stage's mean.
-  void set_chunk_shares(const std::vector<int>& layers) {
-    share_.assign(size_t(placement_.virtual_stages()), 1.0 / v_);
-    if (layers.empty()) return;
-    if (int(layers.size()) != placement_.virtual_stages())
-      throw std::invalid_argument("simulate: layers_per_virtual_stage needs one count per "
-                                  "virtual stage");
-    const double total = std::accumulate(layers.begin(), layers.end(), 0.0);
-    if (total <= 0) throw std::invalid_argument("simulate: the model has no layers");
-    for (size_t k = 0; k < layers.size(); ++k) share_[k] = layers[k] * pp_ / total;
-  }
-  double share(int s, int chunk) const {
-    return share_[size_t(placement_.virtual_stage(s, chunk))];
+  const StageCosts& cost(int s, int chunk) const {
+    return chunk_costs_[size_t(placement_.virtual_stage(s, chunk))];
   }
 
   // The other side of a message action: its stage, and the message it carries.
@@ -232,7 +223,7 @@ class Simulation {
     require(a.microbatch >= 0 && a.microbatch < m_ && a.chunk >= 0 && a.chunk < v_, s,
             "microbatch or chunk out of range");
     Unit& u = unit(s, a);
-    const double cost = share(s, a.chunk);
+    const StageCosts& c = cost(s, a.chunk);
     switch (a.op) {
       case Op::Forward:
         require(!u.forward, s, "duplicated");
@@ -241,7 +232,7 @@ class Simulation {
         u.forward = true;
         st.peak_alive = std::max(st.peak_alive, ++st.alive);
         st.peak_awaiting = std::max(st.peak_awaiting, ++st.awaiting_backward);
-        compute(st, costs_.forward * cost);
+        compute(st, c.forward);
         break;
       case Op::BackwardInput:
         require(!u.backward, s, "duplicated");
@@ -250,14 +241,14 @@ class Simulation {
                 "BackwardInput before its output gradient arrived");
         u.backward = true;
         --st.awaiting_backward;
-        compute(st, costs_.backward_input * cost);
+        compute(st, c.backward_input);
         break;
       case Op::BackwardWeight:
         require(!u.weight, s, "duplicated");
         require(u.backward, s, "BackwardWeight before its BackwardInput");
         u.weight = true;
         --st.alive;
-        compute(st, costs_.backward_weight * cost);
+        compute(st, c.backward_weight);
         break;
       default: {  // a local copy
         post(s, a);
@@ -325,7 +316,7 @@ class Simulation {
           all = false;
           continue;
         }
-        const double at = std::max(st.post_time, peer->second) + costs_.p2p;
+        const double at = std::max(st.post_time, peer->second) + p2p_;
         done = matched_at_.emplace(mine, at).first;
         matched_at_.emplace(key(other), at);
         progress = true;
@@ -399,9 +390,9 @@ class Simulation {
   Placement placement_;
   int pp_, m_, v_;
   MessageMode mode_;
-  StageCosts costs_;
+  std::vector<StageCosts> chunk_costs_;  // per virtual stage
+  double p2p_;
   std::vector<StageState> stages_;
-  std::vector<double> share_;  // per virtual stage
   std::map<std::tuple<int, size_t, size_t>, Slot> partner_;
   std::map<std::tuple<int, size_t, size_t>, double> matched_at_;  // when each message matched
   std::map<std::tuple<int, size_t, size_t>, double> posted_at_;   // when each was posted
@@ -417,7 +408,40 @@ SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
   if (int(steps.size()) != placement.pp())
     throw std::invalid_argument("simulate: got " + std::to_string(steps.size()) +
                                 " stages' steps for pp = " + std::to_string(placement.pp()));
-  return Simulation(steps, placement, micro_batches, mode, costs, layers_per_virtual_stage).run();
+  return simulate_steps_timed(steps, placement, micro_batches, mode,
+                              virtual_stage_costs(placement, costs, layers_per_virtual_stage),
+                              costs.p2p);
+}
+
+std::vector<StageCosts> virtual_stage_costs(const Placement& placement, const StageCosts& costs,
+                                            const std::vector<int>& layers) {
+  const int n = placement.virtual_stages();
+  // Each chunk's share of its stage's cost: its layers over the stage's mean.
+  std::vector<double> share(size_t(n), 1.0 / placement.chunks());
+  if (!layers.empty()) {
+    if (int(layers.size()) != n)
+      throw std::invalid_argument("simulate: layers_per_virtual_stage needs one count per "
+                                  "virtual stage");
+    const double total = std::accumulate(layers.begin(), layers.end(), 0.0);
+    if (total <= 0) throw std::invalid_argument("simulate: the model has no layers");
+    for (size_t k = 0; k < layers.size(); ++k) share[k] = layers[k] * placement.pp() / total;
+  }
+  std::vector<StageCosts> out;
+  for (double f : share)
+    out.push_back({costs.forward * f, costs.backward_input * f, costs.backward_weight * f, 0});
+  return out;
+}
+
+SimulationResult simulate_steps_timed(const std::vector<std::vector<Step>>& steps,
+                                      const Placement& placement, int micro_batches,
+                                      MessageMode mode,
+                                      const std::vector<StageCosts>& virtual_stage_costs,
+                                      double p2p) {
+  if (micro_batches < 1) throw std::invalid_argument("simulate: micro_batches must be >= 1");
+  if (int(steps.size()) != placement.pp())
+    throw std::invalid_argument("simulate: got " + std::to_string(steps.size()) +
+                                " stages' steps for pp = " + std::to_string(placement.pp()));
+  return Simulation(steps, placement, micro_batches, mode, virtual_stage_costs, p2p).run();
 }
 
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,

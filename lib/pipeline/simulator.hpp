@@ -44,6 +44,18 @@ SimulationResult simulate_steps(const std::vector<std::vector<Step>>& steps,
                                 const StageCosts& costs = {},
                                 const std::vector<int>& layers_per_virtual_stage = {});
 
+// As simulate_steps, with each virtual stage's own F, B and W times for one micro-batch
+// (index: virtual stage, as Placement numbers them) and a message's time p2p.
+SimulationResult simulate_steps_timed(const std::vector<std::vector<Step>>& steps,
+                                      const Placement& placement, int micro_batches,
+                                      MessageMode mode,
+                                      const std::vector<StageCosts>& virtual_stage_costs,
+                                      double p2p);
+// Each virtual stage's times under simulate_steps' rule: a stage's `costs` split over its
+// chunks by their layers (evenly when `layers_per_virtual_stage` is empty).
+std::vector<StageCosts> virtual_stage_costs(const Placement& placement, const StageCosts& costs,
+                                            const std::vector<int>& layers_per_virtual_stage);
+
 // Builds every stage's steps with build_steps (zb-v planned for `planned`) and simulates
 // them with `costs`.
 SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virtual_stages,

@@ -1,0 +1,193 @@
+// The layout search and the table it prints.
+#include "plan/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+#include "pipeline/schedule.hpp"
+#include "plan/time_model.hpp"
+#include "train/memory_plan.hpp"
+
+namespace pptrain {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int k = 1; k <= n; ++k)
+    if (n % k == 0) out.push_back(k);
+  return out;
+}
+
+Config with_row(Config c, const PlanRow& r, const Cluster& cluster) {
+  auto& p = c.parallel;
+  p.tp = r.tp;
+  p.pp = r.pp;
+  p.dp = r.dp;
+  p.virtual_stages = r.virtual_stages;
+  p.micro_batch_size = r.micro_batch_size;
+  p.micro_batches = r.micro_batches;
+  p.schedule = r.schedule;
+  p.sequence_parallel = r.sequence_parallel;
+  p.zero = r.zero;
+  c.train.recompute = r.recompute;
+  if (!p.layers_per_stage.empty() && int(p.layers_per_stage.size()) != r.pp * r.virtual_stages)
+    p.layers_per_stage.clear();
+  c.device = cluster.device.cpu ? Device::Cpu : Device::Cuda;
+  if (!cluster.device.cpu && c.train.precision == Precision::Auto) c.train.precision = Precision::BF16;
+  return c;
+}
+
+// Why the layout cannot run this model, or "".
+std::string constraint(const Config& c, const PlanRow& r) {
+  const ModelConfig& m = c.model;
+  if (m.n_head % r.tp != 0) return "tp must divide n_head";
+  if (r.pp * r.virtual_stages > m.n_layer) return "more stages than layers";
+  if (r.sequence_parallel && (r.tp == 1 || (r.micro_batch_size * m.seq_len) % r.tp != 0))
+    return "sequence parallelism needs tp > 1 and token rows divisible by tp";
+  if (r.zero == 1 && r.dp == 1) return "ZeRO-1 needs dp > 1";
+  return schedule_constraint_error(r.schedule, r.pp, r.micro_batches, r.virtual_stages);
+}
+
+PlanRow make_row(int tp, int pp, int dp, int v, int mbs, int m, ScheduleKind kind, Recompute rc,
+                 bool sp, int zero) {
+  PlanRow r;
+  r.tp = tp, r.pp = pp, r.dp = dp, r.virtual_stages = v, r.micro_batch_size = mbs;
+  r.micro_batches = m, r.schedule = kind, r.recompute = rc, r.sequence_parallel = sp, r.zero = zero;
+  return r;
+}
+
+void predict(const Config& base, const Cluster& cluster, PlanRow& r) {
+  const Config c = with_row(base, r, cluster);
+  BackendTraits traits;
+  traits.compute = cluster.device.cpu ? DType::F32 : DType::BF16;
+  traits.logsumexp_attention = c.train.attention == Attention::Fused;
+  const RankMemory mem = predict_peak_memory(c, traits);
+  r.peak_memory_mib = mem.total() / (1024.0 * 1024.0);
+  r.fits = r.peak_memory_mib <= (cluster.device.memory_gib - cluster.device.reserved_gib) * 1024.0;
+  const StepPrediction t = predict_step(c, cluster);
+  r.step_time_s = t.step_time_s;
+  r.bubble = t.bubble;
+  r.tokens_per_s = double(tokens_per_step(c)) / t.step_time_s;
+  r.tflops_per_gpu = gpt_flops_per_token(c.model) * r.tokens_per_s / cluster.world() / 1e12;
+  r.mfu = r.tflops_per_gpu / cluster.device.peak_tflops;
+}
+
+}  // namespace
+
+std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
+                                  const PlanOptions& options) {
+  const auto& p = config.parallel;
+  const int world = cluster.world();
+  const int64_t global = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;  // sequences
+  std::vector<PlanRow> rows;
+  if (options.this_layout) {
+    if (p.tp * p.pp * p.dp != world)
+      throw InputError(config.source_path + ": parallel: tp*pp*dp = " +
+                       std::to_string(p.tp * p.pp * p.dp) + " ranks, but " + cluster.source +
+                       " has " + std::to_string(world));
+    PlanRow r = make_row(p.tp, p.pp, p.dp, p.virtual_stages, p.micro_batch_size, p.micro_batches,
+                         p.schedule, config.train.recompute, p.sequence_parallel, p.zero);
+    r.dropped = constraint(config, r);
+    if (r.dropped.empty()) predict(config, cluster, r);
+    return {r};
+  }
+  const ScheduleKind kinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
+                                ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleV};
+  for (int tp : divisors(world)) {
+    if (!options.tp_across_nodes && tp > cluster.gpus_per_node) continue;
+    for (int pp : divisors(world / tp)) {
+      const int dp = world / tp / pp;
+      if (global % dp != 0) continue;
+      for (int mbs : divisors(int(global / dp))) {
+        const int m = int(global / dp / mbs);
+        for (ScheduleKind kind : kinds) {
+          if (pp == 1 && kind != ScheduleKind::OneFOneB) continue;  // one stage: all the same
+          for (int v : kind == ScheduleKind::Interleaved ? std::vector<int>{2, 4}
+                       : kind == ScheduleKind::ZeroBubbleV ? std::vector<int>{2}
+                                                          : std::vector<int>{1}) {
+            for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                for (int zero : {0, 1}) {
+                  if (zero == 1 && dp == 1) continue;
+                  PlanRow r = make_row(tp, pp, dp, v, mbs, m, kind, rc, sp, zero);
+                  r.dropped = constraint(config, r);
+                  if (r.dropped.empty()) predict(config, cluster, r);
+                  if (r.dropped.empty() ? (r.fits || options.all) : options.all) rows.push_back(r);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
+    const int ka = a.dropped.empty() ? (a.fits ? 0 : 1) : 2, kb = b.dropped.empty() ? (b.fits ? 0 : 1) : 2;
+    if (ka != kb) return ka < kb;
+    return a.tokens_per_s > b.tokens_per_s;
+  });
+  return rows;
+}
+
+namespace {
+nlohmann::ordered_json row_json(const PlanRow& r) {
+  nlohmann::ordered_json j = {
+      {"tp", r.tp}, {"pp", r.pp}, {"dp", r.dp}, {"virtual_stages", r.virtual_stages},
+      {"micro_batch_size", r.micro_batch_size}, {"micro_batches", r.micro_batches},
+      {"schedule", name_of(r.schedule)}, {"recompute", name_of(r.recompute)},
+      {"sequence_parallel", r.sequence_parallel}, {"zero", r.zero}};
+  if (!r.dropped.empty()) {
+    j["dropped"] = r.dropped;
+    return j;
+  }
+  j["fits"] = r.fits;
+  j["peak_memory_mib"] = r.peak_memory_mib;
+  j["step_time_s"] = r.step_time_s;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["bubble"] = r.bubble;
+  return j;
+}
+std::size_t shown(const std::vector<PlanRow>& rows, int top) {
+  return top > 0 ? std::min(rows.size(), std::size_t(top)) : rows.size();
+}
+}  // namespace
+
+std::string format_plan_json(const std::vector<PlanRow>& rows, int top) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < shown(rows, top); ++i) list.push_back(row_json(rows[i]));
+  return list.dump(2) + "\n";
+}
+
+std::string format_plan(const std::vector<PlanRow>& rows, int top) {
+  std::string out = fmt::format(
+      "{:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} {:>4} {:>10} {:>9} {:>11} "
+      "{:>8} {:>6} {:>6}\n",
+      "tp", "pp", "dp", "v", "mbs", "m", "schedule", "recompute", "sp", "zero", "fits",
+      "peak_MiB", "step_s", "tokens/s", "TFLOP/s", "mfu", "bubble");
+  for (std::size_t i = 0; i < shown(rows, top); ++i) {
+    const PlanRow& r = rows[i];
+    out += fmt::format("{:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} ", r.tp, r.pp,
+                       r.dp, r.virtual_stages, r.micro_batch_size, r.micro_batches,
+                       name_of(r.schedule), name_of(r.recompute), r.sequence_parallel ? "y" : "n",
+                       r.zero);
+    if (!r.dropped.empty()) {
+      out += "dropped: " + r.dropped + "\n";
+      continue;
+    }
+    out += fmt::format("{:>4} {:>10.0f} {:>9.4f} {:>11.0f} {:>8.2f} {:>5.1f}% {:>6.3f}\n",
+                       r.fits ? "yes" : "no", r.peak_memory_mib, r.step_time_s, r.tokens_per_s,
+                       r.tflops_per_gpu, 100 * r.mfu, r.bubble);
+  }
+  if (rows.empty()) out += "(no layout fits)\n";
+  return out;
+}
+
+}  // namespace pptrain

@@ -1,0 +1,206 @@
+// Roofline costs of a GPT layer's F, B and W passes, the head and the embedding, the
+// collectives of each parallel dimension, and the simulated pipeline that combines them.
+#include "plan/time_model.hpp"
+
+#include <algorithm>
+
+#include "model/param_layout.hpp"
+#include "pipeline/executor.hpp"
+#include "pipeline/simulator.hpp"
+#include "train/session.hpp"
+
+namespace pptrain {
+
+double gemm_seconds(const DeviceSpec& d, double M, double N, double K, double e) {
+  const double smallest = std::min({M, N, K});
+  const double eff = d.gemm_efficiency * smallest / (smallest + d.gemm_half_dim);
+  const double compute = 2 * M * N * K / (d.peak_tflops * 1e12 * eff);
+  const double memory = (M * K + K * N + M * N) * e / (d.hbm_gbps * 1e9 * d.memory_efficiency);
+  return std::max(compute, memory) + d.launch_us * 1e-6;
+}
+
+double all_reduce_seconds(const LinkSpec& link, double bytes, int n) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / (link.gbps * 1e9) + 2.0 * (n - 1) * link.latency_us * 1e-6;
+}
+
+double gather_seconds(const LinkSpec& link, double bytes, int n) {
+  if (n <= 1) return 0;
+  return double(n - 1) / n * bytes / (link.gbps * 1e9) + (n - 1) * link.latency_us * 1e-6;
+}
+
+namespace {
+
+// The sizes of one micro-batch on one rank and what it runs on.
+struct Shape {
+  double B, T, C, heads, t, V, N, rows, e;  // rows: N, or N/t under SP
+  bool sp, fused_attention;
+  const DeviceSpec* dev;
+  LinkSpec tp_link;
+};
+
+double memory_seconds(const Shape& s, double bytes, int kernels) {
+  return bytes / (s.dev->hbm_gbps * 1e9 * s.dev->memory_efficiency) +
+         kernels * s.dev->launch_us * 1e-6;
+}
+
+// The attention core: q k^T and (softmax) v per head, as batched GEMMs, and the softmax.
+double attention_forward(const Shape& s) {
+  const double hd = s.C / (s.heads), per_rank_heads = s.heads / s.t;
+  const double gemms = 2 * per_rank_heads * s.B *
+                       (gemm_seconds(*s.dev, s.T, s.T, hd, s.e) - s.dev->launch_us * 1e-6);
+  const double softmax = s.fused_attention ? 0 : 3 * s.B * per_rank_heads * s.T * s.T * s.e;
+  return gemms + memory_seconds(s, softmax, 3);
+}
+
+// The tensor-parallel collectives of one pass: `count` sums of [N, C] (all-reduces, or
+// under SP reduce-scatters), `gathers` all-gathers (SP only).
+double tp_comm(const Shape& s, int count, int gathers) {
+  const int t = int(s.t);
+  const double bytes = s.N * s.C * s.e;
+  if (!s.sp) return count * all_reduce_seconds(s.tp_link, bytes, t);
+  return (count + gathers) * gather_seconds(s.tp_link, bytes, t);
+}
+
+// One layer's F, B (input gradients) and W (weight gradients) on this rank.
+StageCosts layer_costs(const Shape& s, Recompute recompute) {
+  const DeviceSpec& d = *s.dev;
+  const double N = s.N, C = s.C, Cl = s.C / s.t, e = s.e;
+  const double gemms = gemm_seconds(d, N, 3 * Cl, C, e) + gemm_seconds(d, N, C, Cl, e) +
+                       gemm_seconds(d, N, 4 * Cl, C, e) + gemm_seconds(d, N, C, 4 * Cl, e);
+  // LayerNorms, residual adds and biases on the held rows; GELU on N x 4C/t.
+  const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
+  const double gelu = 2 * N * 4 * Cl * e;
+  const double attention = attention_forward(s);
+  StageCosts c{0, 0, 0, 0};
+  c.forward = gemms + attention + memory_seconds(s, rowwise + gelu, 10) + tp_comm(s, 2, 2);
+  const double refwd = recompute == Recompute::Full       ? c.forward
+                       : recompute == Recompute::Selective ? attention
+                                                           : 0;
+  c.backward_input = refwd + gemms + 2 * attention + memory_seconds(s, 2 * (rowwise + gelu), 12) +
+                     tp_comm(s, 2, 2);
+  // wgrads (K = N) and the bias and LayerNorm reductions; SP gathers ln1 and ln2 again.
+  c.backward_weight = gemm_seconds(d, C, 3 * Cl, N, e) + gemm_seconds(d, Cl, C, N, e) +
+                      gemm_seconds(d, C, 4 * Cl, N, e) + gemm_seconds(d, 4 * Cl, C, N, e) +
+                      memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
+                      (s.sp ? 2 * gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
+  return c;
+}
+
+// The last virtual stage's final LayerNorm, tied head and vocab-parallel cross-entropy.
+StageCosts head_costs(const Shape& s) {
+  const DeviceSpec& d = *s.dev;
+  const double Vl = s.V / s.t, N = s.N, C = s.C, e = s.e;
+  const double stats = s.t > 1 ? 2 * all_reduce_seconds(s.tp_link, N * 8, int(s.t)) : 0;
+  StageCosts c{0, 0, 0, 0};
+  c.forward = memory_seconds(s, 2 * s.rows * C * e + 3 * N * Vl * e, 5) +
+              gemm_seconds(d, N, Vl, C, e) + stats + (s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
+  c.backward_input = gemm_seconds(d, N, C, Vl, e) + tp_comm(s, 1, 0) + memory_seconds(s, 3 * s.rows * C * e, 2);
+  c.backward_weight = gemm_seconds(d, Vl, C, N, e) + memory_seconds(s, 2 * s.rows * C * e, 2);
+  return c;
+}
+
+// The first virtual stage's embedding lookup and its weight gradient.
+StageCosts embedding_costs(const Shape& s) {
+  StageCosts c{0, 0, 0, 0};
+  c.forward = memory_seconds(s, 2 * s.N * s.C * s.e, 2) + tp_comm(s, s.t > 1 ? 1 : 0, 0);
+  c.backward_weight = memory_seconds(s, 3 * s.N * s.C * 4, 2) +
+                      (s.sp ? gather_seconds(s.tp_link, s.N * s.C * s.e, int(s.t)) : 0);
+  return c;
+}
+
+StageCosts operator+(StageCosts a, const StageCosts& b) {
+  a.forward += b.forward;
+  a.backward_input += b.backward_input;
+  a.backward_weight += b.backward_weight;
+  return a;
+}
+StageCosts operator*(double k, StageCosts a) {
+  a.forward *= k;
+  a.backward_input *= k;
+  a.backward_weight *= k;
+  return a;
+}
+
+// The link a group of `ranks` consecutive-in-stride ranks spans: within a node when the
+// group's extent (stride * ranks) fits in one.
+const LinkSpec& link_for(const Cluster& c, int stride, int ranks) {
+  return stride * ranks <= c.gpus_per_node ? c.intra_node : c.inter_node;
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
+  const auto& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  const DeviceSpec& d = cluster.device;
+  Shape s;
+  s.B = p.micro_batch_size;
+  s.T = m.seq_len;
+  s.C = m.d_model;
+  s.heads = m.n_head;
+  s.t = p.tp;
+  s.V = padded_vocab(m, 128 * p.tp);
+  s.N = s.B * s.T;
+  s.sp = p.sequence_parallel;
+  s.rows = s.sp ? s.N / s.t : s.N;
+  s.e = d.cpu ? 4 : 2;
+  s.fused_attention = cfg.train.attention == Attention::Fused;
+  s.dev = &d;
+  // Rank order tp-dp-pp: a tp group is tp consecutive ranks, a dp group strides tp.
+  s.tp_link = link_for(cluster, 1, p.tp);
+  const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
+  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+
+  const Placement placement = placement_of(cfg);
+  const int parts = p.pp * p.virtual_stages;
+  const auto ranges = split_layers(m.n_layer, parts, p.layers_per_stage);
+  const StageCosts layer = layer_costs(s, cfg.train.recompute);
+  std::vector<StageCosts> costs;
+  for (int k = 0; k < parts; ++k) {
+    StageCosts c = double(ranges[size_t(k)].second - ranges[size_t(k)].first) * layer;
+    if (k == 0) c = c + embedding_costs(s);
+    if (k == parts - 1) c = c + head_costs(s);
+    costs.push_back(c);
+  }
+  const double message = s.rows * s.C * s.e;
+  const double p2p = message / (pp_link.gbps * 1e9) + pp_link.latency_us * 1e-6;
+  const MessageMode mode = message_mode(cfg, !d.cpu);
+  const auto steps = build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages, mode,
+                                     planned_costs(cfg));
+  const SimulationResult sim = simulate_steps_timed(steps, placement, p.micro_batches, mode, costs, p2p);
+
+  StepPrediction r;
+  r.pipeline_s = sim.makespan;
+  r.bubble = sim.bubble;
+  for (int c = 0; c < p.virtual_stages; ++c) {
+    const StageCosts& k = costs[size_t(placement.virtual_stage(0, c))];
+    r.first_stage = r.first_stage + k;
+  }
+  // The heaviest stage's parameters: its gradients are reduced over dp.
+  double params = 0;
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const ModelPartition part = pipeline_partition(m, placement, stage, p.tp, 0, p.layers_per_stage);
+    params = std::max(params, double(gpt_param_layout(m, part).total_floats()));
+  }
+  const double grad_bytes = 4 * params;
+  if (p.dp > 1) {
+    // Buckets per chunk overlap the rest of the backward; the last one does not. ZeRO-1
+    // reduce-scatters after the schedule and all-gathers the updated parameters.
+    r.dp_exposed_s = p.zero == 1 ? 2 * gather_seconds(dp_link, grad_bytes, p.dp)
+                                 : all_reduce_seconds(dp_link, grad_bytes / p.virtual_stages, p.dp);
+  }
+  if (p.pp > 1 && placement.head_stage() != 0) {  // the tied embedding's two copies
+    const double wte = s.V / s.t * s.C * 4;
+    r.dp_exposed_s += all_reduce_seconds(pp_link, wte, 2);
+  }
+  // Grad norm (read g) and AdamW (read p, g, m, v; write p, m, v and the bf16 copy).
+  const double shard = p.zero == 1 ? params / p.dp : params;
+  r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
+                  2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
+  r.step_time_s = r.pipeline_s + r.dp_exposed_s + r.optimizer_s;
+  return r;
+}
+
+}  // namespace pptrain

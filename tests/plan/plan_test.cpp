@@ -1,0 +1,175 @@
+// The planner: cluster files, the time model's parts against their formulas, and the
+// search's invariants (same model and global batch, constraints, ranking).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/error.hpp"
+#include "model/gpt.hpp"
+#include "plan/planner.hpp"
+#include "plan/time_model.hpp"
+
+namespace pptrain {
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_cluster(yaml, "c.yaml");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ClusterFile, PresetsAndOverrides) {
+  const Cluster c = parse_cluster("nodes: 2\ngpus_per_node: 8\ndevice: h100-sxm\n", "c.yaml");
+  EXPECT_EQ(c.world(), 16);
+  EXPECT_EQ(c.device.peak_tflops, 989);
+  EXPECT_EQ(c.intra_node.gbps, 450);
+  EXPECT_EQ(c.inter_node.gbps, 50);
+  const Cluster o = parse_cluster(
+      "gpus_per_node: 4\ndevice: {preset: a100-80gb, memory_gib: 70}\ninter_node_gbps: 12.5\n"
+      "latency_us: {inter_node: 20}\n", "o.yaml");
+  EXPECT_EQ(o.device.memory_gib, 70);
+  EXPECT_EQ(o.device.peak_tflops, 312);
+  EXPECT_EQ(o.inter_node.gbps, 12.5);
+  EXPECT_EQ(o.inter_node.latency_us, 20);
+  const Cluster m = parse_cluster("device: {memory_gib: 24, peak_tflops: 165, hbm_gbps: 1008}\n", "m.yaml");
+  EXPECT_EQ(m.device.name, "custom");
+  EXPECT_EQ(m.device.hbm_gbps, 1008);
+  for (const std::string& name : device_preset_names())
+    EXPECT_NO_THROW(parse_cluster("device: " + name + "\n", "p.yaml")) << name;
+}
+
+TEST(ClusterFile, BadInputNamesTheKey) {
+  EXPECT_NE(error_of("device: tpu-v5\n").find("c.yaml: device: unknown preset 'tpu-v5' (known: a100-40gb"),
+            std::string::npos);
+  EXPECT_NE(error_of("device: h200\ngpu_per_node: 8\n").find("c.yaml: gpu_per_node: unknown key"),
+            std::string::npos);
+  EXPECT_NE(error_of("device: h200\nnodes: -1\n").find("c.yaml: nodes: must be > 0"), std::string::npos);
+  EXPECT_NE(error_of("device: {memory_gib: 24}\n").find("device.peak_tflops: required without a preset"),
+            std::string::npos);
+  EXPECT_NE(error_of("gpus_per_node: 8\n").find("device: required"), std::string::npos);
+  EXPECT_NE(error_of("device: {preset: h200, gemm_efficiency: 1.5}\n").find("at most 1"), std::string::npos);
+}
+
+TEST(TimeModel, RooflineAndRingFormulas) {
+  DeviceSpec d = device_preset("h100-sxm");
+  d.launch_us = 0;
+  // A large GEMM runs at gemm_efficiency * n / (n + half) of peak.
+  const double n = 8192, eff = d.gemm_efficiency * n / (n + d.gemm_half_dim);
+  EXPECT_NEAR(gemm_seconds(d, n, n, n, 2), 2 * n * n * n / (989e12 * eff), 1e-12);
+  // A thin one is bound by memory.
+  const double bytes = (4096.0 * 1 + 1 * 4096 + 4096.0 * 4096) * 2;
+  EXPECT_NEAR(gemm_seconds(d, 4096, 4096, 1, 2), bytes / (3350e9 * d.memory_efficiency), 1e-12);
+  const LinkSpec link{100, 0};
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(link, 1e9, 4), 2 * 0.75 * 1e9 / 100e9);
+  EXPECT_DOUBLE_EQ(gather_seconds(link, 1e9, 4), 0.75 * 1e9 / 100e9);
+  EXPECT_EQ(all_reduce_seconds(link, 1e9, 1), 0);
+}
+
+Config small_model() {
+  Config c;
+  c.model = {8, 8, 512, 256, 8192};
+  c.parallel.micro_batches = 8;
+  c.parallel.micro_batch_size = 2;
+  c.source_path = "model.yaml";
+  return c;
+}
+
+Cluster gpus(int nodes, int per_node) {
+  return parse_cluster("nodes: " + std::to_string(nodes) + "\ngpus_per_node: " +
+                       std::to_string(per_node) + "\ndevice: h100-sxm\n", "c.yaml");
+}
+
+// One stage: the schedule is m times F + B + W back to back, no bubble.
+TEST(TimeModel, OneStageIsTheSumOfItsPasses) {
+  const Config c = small_model();
+  const StepPrediction p = predict_step(c, gpus(1, 1));
+  const double per_mb = p.first_stage.forward + p.first_stage.backward_input + p.first_stage.backward_weight;
+  EXPECT_NEAR(p.pipeline_s, 8 * per_mb, 1e-12);
+  EXPECT_EQ(p.bubble, 0);
+  EXPECT_EQ(p.dp_exposed_s, 0);
+  EXPECT_NEAR(p.step_time_s, p.pipeline_s + p.optimizer_s, 1e-15);
+}
+
+TEST(TimeModel, RecomputationAddsForwardWork) {
+  Config c = small_model();
+  const double none = predict_step(c, gpus(1, 1)).step_time_s;
+  c.train.recompute = Recompute::Selective;
+  const double selective = predict_step(c, gpus(1, 1)).step_time_s;
+  c.train.recompute = Recompute::Full;
+  const double full = predict_step(c, gpus(1, 1)).step_time_s;
+  EXPECT_LT(none, selective);
+  EXPECT_LT(selective, full);
+}
+
+TEST(TimeModel, DataParallelGroupsAcrossNodesPayTheSlowerLink) {
+  Config c = small_model();
+  c.parallel.dp = 2;
+  c.parallel.micro_batches = 4;
+  const double within = predict_step(c, gpus(1, 2)).dp_exposed_s;
+  const double across = predict_step(c, gpus(2, 1)).dp_exposed_s;
+  EXPECT_GT(within, 0);
+  EXPECT_GT(across, within * 5);  // 50 GB/s against 450
+}
+
+TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
+  const Config c = small_model();
+  const Cluster cluster = gpus(2, 4);
+  PlanOptions all;
+  all.all = true;
+  const std::vector<PlanRow> rows = plan_layouts(c, cluster, all);
+  ASSERT_GT(rows.size(), 50u);
+  std::set<ScheduleKind> kinds;
+  bool fits_seen = false, previous_fits = true;
+  double previous = INFINITY;
+  for (const PlanRow& r : rows) {
+    EXPECT_EQ(r.tp * r.pp * r.dp, 8);
+    EXPECT_EQ(r.dp * r.micro_batches * r.micro_batch_size, 16);
+    EXPECT_LE(r.tp, 4);  // within a node
+    if (!r.dropped.empty()) continue;
+    kinds.insert(r.schedule);
+    if (r.fits && previous_fits) {  // ranked by tokens/s among the rows that fit
+      EXPECT_LE(r.tokens_per_s, previous * (1 + 1e-12));
+      previous = r.tokens_per_s;
+    }
+    previous_fits = r.fits;
+    fits_seen = fits_seen || r.fits;
+    EXPECT_NEAR(r.tflops_per_gpu, gpt_flops_per_token(c.model) * r.tokens_per_s / 8 / 1e12, 1e-9);
+    EXPECT_GT(r.bubble, -1e-12);
+  }
+  EXPECT_TRUE(fits_seen);
+  EXPECT_EQ(kinds.size(), 5u);
+}
+
+TEST(Planner, ThisLayoutAndWhatDoesNotFit) {
+  Config c = small_model();
+  c.parallel.tp = 2;
+  c.parallel.pp = 2;
+  c.parallel.micro_batches = 4;
+  c.parallel.micro_batch_size = 4;
+  PlanOptions only;
+  only.this_layout = true;
+  const auto rows = plan_layouts(c, gpus(1, 4), only);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].tp, 2);
+  EXPECT_EQ(rows[0].pp, 2);
+  EXPECT_TRUE(rows[0].dropped.empty());
+  EXPECT_THROW(plan_layouts(c, gpus(1, 8), only), InputError);  // 4 ranks on 8
+  // A device too small for any layout: nothing fits, and --all lists them as such.
+  Cluster tiny = parse_cluster("gpus_per_node: 4\ndevice: {preset: h100-sxm, memory_gib: 0.05, "
+                               "reserved_gib: 0}\n", "t.yaml");
+  EXPECT_TRUE(plan_layouts(c, tiny, {}).empty());
+  PlanOptions all;
+  all.all = true;
+  for (const PlanRow& r : plan_layouts(c, tiny, all)) EXPECT_FALSE(r.fits);
+  const std::string json = format_plan_json(plan_layouts(c, gpus(1, 4), {}), 3);
+  for (const char* key : {"\"tp\"", "\"schedule\"", "\"fits\"", "\"peak_memory_mib\"", "\"step_time_s\"",
+                          "\"tokens_per_s\"", "\"tflops_per_gpu\"", "\"mfu\"", "\"bubble\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+}
+
+}  // namespace
+}  // namespace pptrain
