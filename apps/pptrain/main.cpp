@@ -7,7 +7,10 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
+#include <fstream>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -20,6 +23,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/stop_signal.hpp"
+#include "plan/calibrate.hpp"
 #include "plan/planner.hpp"
 #include "topology/rank_grid.hpp"
 #include "train/session.hpp"
@@ -76,6 +80,27 @@ int export_checkpoint_to_hf(const std::string& checkpoint, const std::string& ou
   }
 }
 
+// `pptrain plan --calibrate --out FILE`: two local ranks (started through mpirun when
+// nobody launched them) measure this machine; rank 0 writes the cluster file.
+int calibrate_cluster(const std::string& out, const pptrain::comm::LaunchInfo& launch, int argc,
+                      char** argv) {
+  if (out.empty()) throw pptrain::InputError("plan --calibrate: --out FILE is required");
+  if (!launch.under_launcher) return pptrain::comm::relaunch_under_mpirun(2, argc, argv, nullptr);
+  pptrain::comm::Comms comms = pptrain::comm::make_mpi_comms(pptrain::RankGrid(1, 2, 1), 60);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const pptrain::Cluster c = pptrain::calibrate_cpu(*comms.world, cores);
+  if (comms.world->rank() != 0) return pptrain::kExitOk;
+  std::ofstream file(out);
+  file << pptrain::cluster_yaml(c, "pptrain plan --calibrate: this machine, one node of " +
+                                       std::to_string(cores) + " CPU ranks");
+  if (!file.flush()) throw std::runtime_error(out + ": cannot write the cluster file");
+  spdlog::info("calibrated: GEMM {:.1f} GFLOP/s (half rate at dimension {:.0f}), {:.1f} GB/s "
+               "elementwise, {:.2f} us an op; MPI {:.1f} us, {:.2f} GB/s; written to {}",
+               c.device.peak_tflops * 1e3, c.device.gemm_half_dim, c.device.hbm_gbps,
+               c.device.launch_us, c.intra_node.latency_us, c.intra_node.gbps, out);
+  return pptrain::kExitOk;
+}
+
 // `signals` was installed first thing, so that a stop requested during start-up is
 // honoured rather than killing the process.
 int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
@@ -110,8 +135,13 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   std::string cluster_path;
   int plan_top = 10;
   pptrain::PlanOptions plan_options;
-  plan_cmd->add_option("--cluster", cluster_path, "Cluster file (nodes, gpus_per_node, device)")
-      ->required();
+  plan_cmd->add_option("--cluster", cluster_path, "Cluster file (nodes, gpus_per_node, device)");
+  bool calibrate = false;
+  std::string calibrate_out;
+  plan_cmd->add_flag("--calibrate", calibrate,
+                     "Measure this machine's CPU rates and MPI between two local ranks; write "
+                     "them as a cluster file (--out)");
+  plan_cmd->add_option("--out", calibrate_out, "Where --calibrate writes the cluster file");
   plan_cmd->add_flag("--json", plan_json, "Print the rows as a JSON list");
   plan_cmd->add_option("--top", plan_top, "Rows to print (0: all; default 10)");
   plan_cmd->add_flag("--this", plan_options.this_layout, "Predict only the config's own layout");
@@ -141,6 +171,9 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   try {
     launch = pptrain::comm::detect_launcher();
     pptrain::comm::exit_with_launcher(launch);
+    if (plan_cmd->parsed() && calibrate) return calibrate_cluster(calibrate_out, launch, argc, argv);
+    if (plan_cmd->parsed() && cluster_path.empty())
+      throw pptrain::InputError("plan: --cluster is required (or --calibrate --out FILE)");
     const pptrain::Config config = load(opts);
     setup_rank_logging(config, launch);
     if (check_cmd->parsed()) {
