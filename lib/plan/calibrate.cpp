@@ -82,14 +82,22 @@ Cluster calibrate_cpu(comm::World& world, int ranks_per_node) {
   c.device.gemm_efficiency = 1.0;  // peak: what the large product reaches
   c.device.peak_tflops = big / 1e12;
   c.device.gemm_half_dim = std::max(1.0, 32.0 * (big / tiny - 1.0));
-  // Elementwise: out = a + b over 16 M floats moves 3 x 64 MiB.
-  const std::size_t n = std::size_t(1) << 24;
-  ops::Buffer x(*cpu, n * 4), y(*cpu, n * 4);
+  // Elementwise work at the rate of the model's own row ops, counted in the bytes the
+  // time model counts: a LayerNorm and a GELU over 4 M floats move 2 x 16 MiB each, an
+  // add 3 x 16 MiB; the slowest sets the rate (on one thread they are compute-bound).
+  const int rows = 4096, cols = 1024;
+  const std::size_t n = std::size_t(rows) * cols;
+  ops::Buffer x(*cpu, n * 4), y(*cpu, n * 4), w(*cpu, cols * 4), stats(*cpu, rows * 8);
   x.zero();
   y.zero();
-  const double add = fastest(5, [&] { cpu->add(y.act(), x.act(), y.act(), n); });
+  w.zero();
+  const double add = fastest(5, [&] { cpu->add(y.act(), x.act(), y.act(), n); }) / 3;
+  const double norm = fastest(5, [&] {
+    cpu->layernorm_forward(y.act(), stats.f32(), stats.f32() + rows, x.act(), w.act(), w.act(), rows, cols);
+  }) / 2;
+  const double gelu = fastest(5, [&] { cpu->gelu_forward(y.act(), x.act(), n); }) / 2;
   c.device.memory_efficiency = 1.0;
-  c.device.hbm_gbps = 3.0 * n * 4 / add / 1e9;
+  c.device.hbm_gbps = double(n) * 4 / std::max({add, norm, gelu}) / 1e9;
   const double op = fastest(5, [&] {
     for (int i = 0; i < 1000; ++i) cpu->add(y.act(), x.act(), y.act(), 1);
   });

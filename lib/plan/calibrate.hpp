@@ -9,7 +9,8 @@
 namespace pptrain {
 
 // Collective over a two-rank world: rank 0 measures one-thread fp32 GEMMs (a large and
-// a small one: the peak and gemm_half_dim), elementwise bandwidth and the cost of a
+// a small one: the peak and gemm_half_dim), the rate of elementwise work (the slowest of
+// an add, a LayerNorm and a GELU, per byte the time model counts) and the cost of a
 // tiny op; both ranks time messages between them (8 bytes and 4 MiB: latency and
 // bandwidth). One node of `ranks_per_node` ranks. Takes a few seconds.
 Cluster calibrate_cpu(comm::World& world, int ranks_per_node);
