@@ -25,6 +25,7 @@
 #include "core/stop_signal.hpp"
 #include "plan/calibrate.hpp"
 #include "plan/planner.hpp"
+#include "plan/time_model.hpp"
 #include "topology/rank_grid.hpp"
 #include "train/session.hpp"
 #include "train/trainer.hpp"
@@ -174,8 +175,15 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
     if (plan_cmd->parsed() && calibrate) return calibrate_cluster(calibrate_out, launch, argc, argv);
     if (plan_cmd->parsed() && cluster_path.empty())
       throw pptrain::InputError("plan: --cluster is required (or --calibrate --out FILE)");
-    const pptrain::Config config = load(opts);
+    pptrain::Config config = load(opts);
     setup_rank_logging(config, launch);
+    if (config.parallel.layers_per_stage.automatic) {
+      pptrain::resolve_layer_split(config);
+      std::string split;
+      for (int n : config.parallel.layers_per_stage) split += (split.empty() ? "" : ",") + std::to_string(n);
+      if (launch.rank == 0 && (launch.under_launcher || world_size(config) == 1))
+        spdlog::info("parallel.layers_per_stage: auto -> [{}]", split);
+    }
     if (check_cmd->parsed()) {
       if (plan_json) {
         std::fputs(pptrain::describe_plan_json(config).c_str(), stdout);

@@ -19,6 +19,24 @@ struct ModelConfig {
   int vocab_size = 256;  // real vocabulary; padded internally to a multiple of 128
 };
 
+// parallel.layers_per_stage: the layers of each virtual stage (empty: an even split), or
+// `auto`: balanced by the planner's cost model when the run starts (then `counts` holds
+// the split chosen). Reads as the counts.
+struct LayerSplit {
+  bool automatic = false;
+  std::vector<int> counts;
+  operator const std::vector<int>&() const { return counts; }
+  LayerSplit& operator=(std::vector<int> c) {
+    counts = std::move(c);
+    return *this;
+  }
+  bool empty() const { return counts.empty(); }
+  std::size_t size() const { return counts.size(); }
+  auto begin() const { return counts.begin(); }
+  auto end() const { return counts.end(); }
+  void clear() { counts.clear(); }
+};
+
 struct ParallelConfig {
   int tp = 1;
   int pp = 1;
@@ -30,7 +48,7 @@ struct ParallelConfig {
   int zero = 0;  // 0: replicated optimizer state; 1: sharded over DP
   // LayerNorm and residual regions split over the tp group along the token rows.
   bool sequence_parallel = false;
-  std::vector<int> layers_per_stage;  // layers of each virtual stage; empty: even split
+  LayerSplit layers_per_stage;
   // Relative forward, backward-input and backward-weight times that zb-v plans its order
   // with (and the theoretical bubble is simulated at).
   std::vector<double> schedule_costs = {1, 1, 1};

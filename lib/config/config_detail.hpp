@@ -17,7 +17,7 @@ namespace pptrain::config_detail {
 
 // A pointer to the Config member a key decodes into; its type selects the decoder.
 using FieldRef = std::variant<bool*, int*, uint64_t*, double*, std::string*, std::vector<int>*,
-                              std::vector<double>*, std::vector<std::string>*, ScheduleKind*, MessageModeChoice*,
+                              std::vector<double>*, std::vector<std::string>*, LayerSplit*, ScheduleKind*, MessageModeChoice*,
                               Precision*, Attention*, Recompute*, OnNonfinite*, LrSchedule*,
                               DataSource*, LogLevel*, Device*>;
 

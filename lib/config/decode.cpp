@@ -86,6 +86,16 @@ class Decoder {
                                   std::to_string(kMaxStringBytes) + " allowed (" +
                                   describe(node) + ")");
   }
+  // A list of layer counts, or `auto`.
+  void decode(const std::string& key, const YAML::Node& node, LayerSplit& out) {
+    out = LayerSplit{};
+    if (node.IsScalar() && !is_quoted(node) && node.Scalar() == "auto") {
+      out.automatic = true;
+      return;
+    }
+    if (!node.IsNull() && !node.IsSequence()) wrong(key, node, "a list of integers or auto");
+    decode(key, node, out.counts);
+  }
   // Paths: one string (empty: none), or a list of strings.
   void decode(const std::string& key, const YAML::Node& node, std::vector<std::string>& out) {
     out.clear();
@@ -216,6 +226,14 @@ std::string to_yaml(const Config& config) {
             out << YAML::Flow << YAML::BeginSeq;
             for (int x : *v) out << std::to_string(x);
             out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, LayerSplit>) {
+            if (v->automatic) {
+              out << "auto";
+            } else {
+              out << YAML::Flow << YAML::BeginSeq;
+              for (int x : v->counts) out << std::to_string(x);
+              out << YAML::EndSeq;
+            }
           } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             if (v->size() == 1) {
               out << YAML::DoubleQuoted << v->front();

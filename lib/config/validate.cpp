@@ -93,7 +93,12 @@ void validate_layout(const Config& c, const Rules& r) {
     r.fail("parallel.tp", "must divide model.n_head (got tp=" + std::to_string(p.tp) +
                               ", n_head=" + std::to_string(c.model.n_head) + ")");
   const int parts = p.pp * p.virtual_stages;
-  if (p.layers_per_stage.empty()) {
+  if (p.layers_per_stage.automatic) {
+    if (parts > c.model.n_layer)
+      r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
+                                " is more than model.n_layer = " + std::to_string(c.model.n_layer) +
+                                " (every stage needs a layer)");
+  } else if (p.layers_per_stage.empty()) {
     if (parts > c.model.n_layer)
       r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
                                 " is more than model.n_layer = " + std::to_string(c.model.n_layer) +

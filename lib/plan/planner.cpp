@@ -35,10 +35,12 @@ Config with_row(Config c, const PlanRow& r, const Cluster& cluster) {
   p.sequence_parallel = r.sequence_parallel;
   p.zero = r.zero;
   c.train.recompute = r.recompute;
-  if (!p.layers_per_stage.empty() && int(p.layers_per_stage.size()) != r.pp * r.virtual_stages)
-    p.layers_per_stage.clear();
   c.device = cluster.device.cpu ? Device::Cpu : Device::Cuda;
   if (!cluster.device.cpu && c.train.precision == Precision::Auto) c.train.precision = Precision::BF16;
+  if (p.layers_per_stage.automatic && r.pp * r.virtual_stages <= c.model.n_layer)
+    p.layers_per_stage.counts = balance_layers(c, cluster);  // balanced for this layout
+  else if (!p.layers_per_stage.empty() && int(p.layers_per_stage.size()) != r.pp * r.virtual_stages)
+    p.layers_per_stage.clear();
   return c;
 }
 

@@ -128,12 +128,9 @@ const LinkSpec& link_for(const Cluster& c, int stride, int ranks) {
   return stride * ranks <= c.gpus_per_node ? c.intra_node : c.inter_node;
 }
 
-}  // namespace
-
-StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
+Shape shape_of(const Config& cfg, const Cluster& cluster) {
   const auto& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
-  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
   const DeviceSpec& d = cluster.device;
   Shape s;
   s.B = p.micro_batch_size;
@@ -150,6 +147,51 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
   s.dev = &d;
   // Rank order tp-dp-pp: a tp group is tp consecutive ranks, a dp group strides tp.
   s.tp_link = link_for(cluster, 1, p.tp);
+  return s;
+}
+
+}  // namespace
+
+std::vector<int> balance_layers(const Config& cfg, const Cluster& cluster) {
+  const Shape s = shape_of(cfg, cluster);
+  auto total = [](const StageCosts& c) { return c.forward + c.backward_input + c.backward_weight; };
+  const double layer = total(layer_costs(s, cfg.train.recompute));
+  const double first = total(embedding_costs(s)), last = total(head_costs(s));
+  const int P = cfg.parallel.pp * cfg.parallel.virtual_stages, L = cfg.model.n_layer;
+  PPTRAIN_CHECK(P >= 1 && P <= L, "every virtual stage needs a layer");
+  auto cost = [&](int k, int n) { return n * layer + (k == 0 ? first : 0) + (k == P - 1 ? last : 0); };
+  // best[k][j]: the least possible slowest cost of virtual stages 0..k holding j layers.
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(size_t(P), std::vector<double>(size_t(L) + 1, inf));
+  std::vector<std::vector<int>> take(size_t(P), std::vector<int>(size_t(L) + 1, 0));
+  for (int j = 1; j <= L; ++j) best[0][size_t(j)] = cost(0, j), take[0][size_t(j)] = j;
+  for (int k = 1; k < P; ++k)
+    for (int j = k + 1; j <= L; ++j)
+      for (int n = 1; n <= j - k; ++n) {
+        const double c = std::max(best[size_t(k - 1)][size_t(j - n)], cost(k, n));
+        if (c < best[size_t(k)][size_t(j)]) best[size_t(k)][size_t(j)] = c, take[size_t(k)][size_t(j)] = n;
+      }
+  std::vector<int> counts(static_cast<std::size_t>(P), 0);
+  for (int k = P - 1, j = L; k >= 0; j -= counts[size_t(k)], --k) counts[size_t(k)] = take[size_t(k)][size_t(j)];
+  return counts;
+}
+
+void resolve_layer_split(Config& cfg) {
+  if (!cfg.parallel.layers_per_stage.automatic) return;
+  Cluster here;
+  const std::string preset = runs_on_cuda(cfg) ? "h100-sxm" : "cpu";
+  here.device = device_preset(preset);
+  here.intra_node = here.inter_node = preset_intra_node(preset);
+  here.gpus_per_node = world_size(cfg);
+  cfg.parallel.layers_per_stage.counts = balance_layers(cfg, here);
+}
+
+StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
+  const auto& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  const DeviceSpec& d = cluster.device;
+  const Shape s = shape_of(cfg, cluster);
   const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
   const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
 

@@ -3,6 +3,8 @@
 // ranks sit on, and the pipeline simulator running each rank's own schedule with those
 // costs. The equations are in docs/design.md ("The planner's time model").
 #pragma once
+#include <vector>
+
 #include "config/config.hpp"
 #include "pipeline/schedule.hpp"
 #include "plan/cluster.hpp"
@@ -21,6 +23,14 @@ struct StepPrediction {
 // `config`'s layout (parallel.*, train.recompute, sequence parallelism) on `cluster`,
 // whose world size must be the layout's.
 StepPrediction predict_step(const Config& config, const Cluster& cluster);
+
+// The layers of each of the pp * virtual_stages virtual stages that make the slowest one's
+// F + B + W (one micro-batch) as small as it can be, counting the embedding on the first
+// and the LM head and loss on the last; every stage keeps a layer.
+std::vector<int> balance_layers(const Config& config, const Cluster& cluster);
+// parallel.layers_per_stage: auto -> the balanced split for the device the run uses (the
+// cpu preset on the CPU, h100-sxm on CUDA), kept marked auto; a no-op otherwise.
+void resolve_layer_split(Config& config);
 
 // Seconds of one GEMM (M x K) @ (K x N) on the device: its FLOPs at the efficiency its
 // smallest dimension reaches, or its bytes at memory bandwidth, whichever is longer,

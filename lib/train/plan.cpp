@@ -93,9 +93,9 @@ std::string describe_plan(const Config& c) {
   std::string split;
   for (const auto& [b, e] : split_layers(m.n_layer, p.pp * p.virtual_stages, p.layers_per_stage))
     split += (split.empty() ? "" : ",") + std::to_string(e - b);
-  line("pipeline", fmt::format("layers per virtual stage [{}]; theoretical bubble {:.3f}; at most "
-                               "{} micro-batch activation set(s) alive on stage 0",
-                               split,
+  line("pipeline", fmt::format("layers per virtual stage [{}]{}; theoretical bubble {:.3f}; at "
+                               "most {} micro-batch activation set(s) alive on stage 0",
+                               split, p.layers_per_stage.automatic ? " (auto: balanced by the planner's cost model)" : "",
                                theoretical_bubble(kind, p.pp, p.micro_batches, p.virtual_stages,
                                                   message_mode(c, cuda), planned_costs(c)),
                                activation_bound(kind, p.pp, 0, p.micro_batches, p.virtual_stages)));

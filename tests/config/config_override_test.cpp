@@ -86,7 +86,7 @@ Config non_default_config() {
   c.parallel.dp = 2;
   c.parallel.tp = 3;
   c.parallel.sequence_parallel = true;
-  c.parallel.layers_per_stage = {3, 2};
+  c.parallel.layers_per_stage.automatic = true;
   c.parallel.comm_timeout_s = 12.5;
   c.train.steps = 1234;
   c.train.lr = 0.1 + 0.2;  // 0.30000000000000004: needs all 17 digits

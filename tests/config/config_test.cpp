@@ -58,6 +58,8 @@ const BadCase kBadCases[] = {
      "expected an integer, got quoted string '5'"},
     {"int_empty", "train:\n  steps:\n  lr: 0.1\n", {}, "x.yaml:2", "got an empty value"},
     {"int_range", "train:\n  steps: 99999999999\n", {}, "x.yaml:2", "out of range"},
+    {"layers_word", "parallel:\n  layers_per_stage: even\n", {}, "x.yaml:2",
+     "parallel.layers_per_stage: expected a list of integers or auto, got 'even'"},
     {"bool_word", "parallel:\n  tp: 2\n  sequence_parallel: yes\n", {}, "x.yaml:3",
      "parallel.sequence_parallel: expected true or false, got 'yes'"},
     {"bool_number", "parallel:\n  tp: 2\n  sequence_parallel: 1\n", {}, "x.yaml:3",
@@ -215,6 +217,7 @@ parallel:
   dp: 2
   tp: 2
   sequence_parallel: true
+  layers_per_stage: auto
 train:
   steps: 7
   lr: 3e-4
@@ -256,6 +259,7 @@ device: auto
   EXPECT_EQ(c.parallel.virtual_stages, 2);
   EXPECT_EQ(c.parallel.zero, 1);
   EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_TRUE(c.parallel.layers_per_stage.automatic);
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.train.lr, 3e-4);
   EXPECT_EQ(c.train.min_lr, 0.0);

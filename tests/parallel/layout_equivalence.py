@@ -51,6 +51,7 @@ LAYOUTS = {
     "pp4_zb_v_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
                                       "parallel.message_mode=grouped"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
+    "pp2_auto_split": (1, 2, 1, 4, ["parallel.layers_per_stage=auto"]),
     "pp2_m3": (1, 2, 1, 3, []),  # m not a multiple of pp: against a single run of 3
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
     "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),

@@ -115,6 +115,32 @@ TEST(TimeModel, DataParallelGroupsAcrossNodesPayTheSlowerLink) {
   EXPECT_GT(across, within * 5);  // 50 GB/s against 450
 }
 
+// The head of a large vocabulary outweighs several layers: the last stage gets fewer.
+TEST(TimeModel, BalancedSplitCountsTheHeadAndTheEmbedding) {
+  Config c = small_model();
+  c.parallel.pp = 2;
+  c.parallel.micro_batches = 4;
+  const Cluster two = gpus(1, 2);
+  const std::vector<int> even_vocab = balance_layers(c, two);
+  c.model.vocab_size = 200000;
+  const std::vector<int> big_vocab = balance_layers(c, two);
+  EXPECT_EQ(even_vocab.size(), 2u);
+  EXPECT_EQ(even_vocab[0] + even_vocab[1], 8);
+  EXPECT_EQ(big_vocab[0] + big_vocab[1], 8);
+  EXPECT_GT(big_vocab[0], big_vocab[1]);
+  EXPECT_GE(big_vocab[1], 1);
+  // A balanced split is never slower than the even one.
+  c.parallel.layers_per_stage = big_vocab;
+  const double balanced = predict_step(c, two).pipeline_s;
+  c.parallel.layers_per_stage = std::vector<int>{};
+  EXPECT_LE(balanced, predict_step(c, two).pipeline_s);
+  // parallel.layers_per_stage: auto resolves to such a split, and stays marked auto.
+  c.parallel.layers_per_stage.automatic = true;
+  resolve_layer_split(c);
+  EXPECT_TRUE(c.parallel.layers_per_stage.automatic);
+  EXPECT_EQ(c.parallel.layers_per_stage.counts.size(), 2u);
+}
+
 TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
   const Config c = small_model();
   const Cluster cluster = gpus(2, 4);
