@@ -1,0 +1,27 @@
+// Work queued on the emulated runtime's streams (emulator_streams.cpp). Kernels, copies,
+// memsets, cuBLASLt products, event records and waits, and the emulated NCCL's
+// operations are all work items: nothing runs when it is queued, only when a host call
+// makes it due (a synchronisation, an event query or wait, a blocking copy, a free).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "emulator_runtime.hpp"
+
+namespace pptrain_emu {
+
+// One item of a stream. run() is called once the item is at the head of its stream and
+// may be called again: it returns true once the work is done, false while it waits for
+// something outside this process (the emulated NCCL's peers), to be tried again later.
+using Work = std::function<bool()>;
+
+// Queues `work` on stream s (null: the legacy default stream). `what` names the item in
+// error messages ("kernel gelu_forward", "ncclAllReduce on comm 2", ...).
+void enqueue(Stream* s, std::string what, Work work);
+
+// The device (cudaSetDevice's ordinal) of the allocation that holds all of
+// [p, p + bytes), or -1 when the range is not inside one live device allocation.
+int device_of(const void* p, std::size_t bytes);
+
+}  // namespace pptrain_emu
