@@ -1,13 +1,14 @@
 # Rewrites a CUDA source or header into host C++ for the CUDA emulator (cuda_emulator.hpp):
-#   cmake -DSRC=<file> -DDST=<file> -DKIND=<source|header> -P emulate_cu.cmake
+#   cmake -DSRC=<file> -DDST=<file> -DKIND=<source|header|product> -P emulate_cu.cmake
 # Launches `k<<<cfg>>>(args)` become `k * ::pptrain_emu::LaunchConfig(cfg)(args)`;
 # `extern __shared__ T name[];` a pointer to the block's dynamic shared memory (256-byte
 # aligned, so any __align__ holds); `__shared__ [__align__(n)] T name[dims];` a reference
 # to block-shared storage keyed by a lambda's type (unique per declaration and template
 # instantiation). A source also gets the emulator and the real shared headers first
 # (emulated_namespace.hpp) and its namespace pptrain renamed, so these definitions never
-# meet the real CUDA backend's at link time. Line numbers are
-# kept, and #line names the original file.
+# meet the real CUDA backend's at link time. A product source (pptrain-emulated, where
+# the emulated backend replaces the real one) keeps its namespace and gets no prelude.
+# Line numbers are kept, and #line names the original file.
 if(NOT SRC OR NOT DST OR NOT KIND)
   message(FATAL_ERROR "emulate_cu.cmake: SRC, DST and KIND are required")
 endif()

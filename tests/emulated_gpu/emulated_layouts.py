@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The CUDA path in every layout, on emulated GPUs, against the CPU backend.
+
+Runs pptrain-emulated with `device: cuda` (the real CUDA backend and NCCL code on the
+emulated runtime, cuBLASLt and NCCL, one process per rank under mpirun) in each layout,
+in fp32 and bf16, and compares every step's loss and gradient norm with the single-rank
+CPU run of the same global batch (pptrain, fp32): fp32 within 1e-5 relative, bf16
+within 2e-2. Each layout runs with another stream seed, so the emulated streams
+interleave differently from run to run. Then:
+- checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
+  to the run that did not stop, and reshards onto the CPU backend in another layout;
+- faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
+  communicators and ends the job with exit 3, naming the rank, group and operation.
+Open MPI's eager limits are forced down, so no host message is buffered either.
+Usage: emulated_layouts.py PPTRAIN PPTRAIN_EMULATED CONFIG WORKDIR [NAME ...]
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reliability"))
+import jobs  # noqa: E402  (the reliability trials' job control: rank pids, cleanup)
+
+STEPS = 3
+SP = ["parallel.sequence_parallel=true"]
+# name: (tp, pp, dp, micro_batches, overrides); 8 sequences a step in every layout.
+LAYOUTS = {
+    "one": (1, 1, 1, 4, []),
+    "tp2": (2, 1, 1, 4, []),
+    "pp2_1f1b": (1, 2, 1, 4, []),
+    "pp2_zb_h1": (1, 2, 1, 4, ["parallel.schedule=zb-h1"]),
+    "pp2_interleaved": (1, 2, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
+    "pp2_zb_v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    "dp2": (1, 1, 2, 2, []),
+    "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
+    "tp2_pp2_dp2": (2, 2, 2, 2, []),
+    "tp2_sp": (2, 1, 1, 4, SP),
+    "pp2_full_recompute": (1, 2, 1, 4, ["train.recompute=full"]),
+    "tp2_pp2_sp_selective": (2, 2, 1, 4, SP + ["train.recompute=selective"]),
+}
+PRECISIONS = {"fp32": 1e-5, "bf16": 2e-2}
+# Fused attention is a bf16 kernel on CUDA: one layout with it.
+FUSED = {"tp2_fused_bf16": ("tp2", "bf16")}
+# The model: 4 layers, d_model 32, seq_len 16; a step is 8 sequences of 16 tokens.
+MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len=16",
+         "model.vocab_size=64", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
+         "train.threads=1", "train.eval_every=0", "train.warmup_steps=1", "logging.every=1",
+         "checkpoint.dir=", "parallel.comm_timeout_s=120"]
+ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096", OMPI_MCA_btl_self_eager_limit="4096",
+           PPTRAIN_EMULATED_GPUS="8")
+
+
+def settings(tp, pp, dp, mb, extra):
+    return MODEL + extra + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+                            f"parallel.micro_batches={mb}"]
+
+
+def run(binary, work, name, sets, seed=1, timeout=600):
+    metrics = os.path.join(work, name + ".jsonl")
+    argv = [binary, "--config", CONFIG] + jobs.overrides(sets + [f"logging.metrics={metrics}"])
+    env = dict(ENV, PPTRAIN_EMULATED_STREAM_SEED=str(seed))
+    start = time.time()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{name}: exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    with open(metrics) as f:
+        rows = [json.loads(line) for line in f]
+    return rows, time.time() - start
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def worst(rows, ref):
+    """The largest relative difference of loss or grad norm over the steps both have."""
+    return max(max(rel(r["loss"], b["loss"]), rel(r["grad_norm"], b["grad_norm"]))
+               for r, b in zip(rows, ref))
+
+
+def check_layouts(names, work, failures):
+    reference = {}
+    for index, name in enumerate(names):
+        tp, pp, dp, mb, extra = LAYOUTS[name]
+        if dp * mb not in reference:
+            reference[dp * mb], _ = run(PPTRAIN, work, f"cpu_m{dp * mb}", settings(1, 1, 1, dp * mb, []))
+        ref = reference[dp * mb]
+        for precision, bound in PRECISIONS.items():
+            label = f"{name}_{precision}"
+            rows, took = run(EMULATED, work, label,
+                             settings(tp, pp, dp, mb, extra) +
+                             ["device=cuda", f"train.precision={precision}"], seed=index + 1)
+            diff = worst(rows, ref)
+            ok = len(rows) == STEPS and diff <= bound
+            print(f"{label:28} tp={tp} pp={pp} dp={dp}: worst {diff:.1e} (bound {bound:.0e}), "
+                  f"{took:.0f} s -> {'ok' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                failures.append(label)
+    for label, (like, precision) in FUSED.items():
+        tp, pp, dp, mb, extra = LAYOUTS[like]
+        rows, _ = run(EMULATED, work, label, settings(tp, pp, dp, mb, extra) +
+                      ["device=cuda", f"train.precision={precision}", "train.attention=fused"])
+        diff = worst(rows, reference[dp * mb])
+        ok = len(rows) == STEPS and diff <= PRECISIONS[precision]
+        print(f"{label:28} fused attention: worst {diff:.1e} -> {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            failures.append(label)
+
+
+def check_checkpoints(work, failures):
+    """Saved at step 2 of 4 at (2,2,2) on the CUDA path: resumed there bit for bit, and
+    on the CPU backend at (1,2,1)."""
+    steps = ["train.steps=4"]
+    layout = settings(2, 2, 2, 2, []) + steps + ["device=cuda", "train.precision=fp32"]
+    full, _ = run(EMULATED, work, "ckpt_full", layout)
+    saved = os.path.join(work, "ckpt_saved")
+    run(EMULATED, work, "ckpt_save", layout + [f"checkpoint.dir={saved}", "checkpoint.every=2",
+                                               "train.steps=2"])
+    for name, binary, sets in (
+            ("ckpt_resume_cuda", EMULATED, layout),
+            ("ckpt_resume_cpu", PPTRAIN, settings(1, 2, 1, 4, []) + steps)):
+        ckpt = os.path.join(work, name)
+        shutil.copytree(os.path.join(saved, "step_00000002"), os.path.join(ckpt, "step_00000002"))
+        rows, _ = run(binary, work, name, sets + [f"checkpoint.dir={ckpt}", "checkpoint.resume=auto"],
+                      seed=7)
+        tail = full[2:]
+        if binary == EMULATED:
+            ok = [(r["loss"], r["grad_norm"]) for r in rows] == \
+                 [(r["loss"], r["grad_norm"]) for r in tail]
+            verdict = "bit-identical" if ok else "DIFFER"
+        else:
+            diff = worst(rows, tail)
+            ok = diff <= PRECISIONS["fp32"]
+            verdict = f"worst {diff:.1e}"
+        ok = ok and len(rows) == 2 and rows[0]["step"] == 3
+        print(f"{name:28} from (2,2,2) cuda at step 2: {verdict} -> {'ok' if ok else 'FAIL'}",
+              flush=True)
+        if not ok:
+            failures.append(name)
+
+
+def check_stalled_rank(work, failures):
+    """SIGSTOP rank 1 of a pp=2 run: rank 0's watchdog must end the job with exit 3."""
+    timeout_s = 5
+    metrics = os.path.join(work, "stall.jsonl")
+    argv = [EMULATED, "--config", CONFIG] + jobs.overrides(
+        settings(1, 2, 1, 4, []) + ["device=cuda", "train.steps=100000", f"logging.metrics={metrics}",
+                                    f"parallel.comm_timeout_s={timeout_s}"])
+    os.environ.update(ENV)  # jobs.Job starts the job with this process's environment
+    job = jobs.Job(argv, os.path.join(work, "stall.log"))
+    try:
+        jobs.wait_for_path(metrics, limit=300)
+        victims = jobs.rank_pids(job, 1)
+        if not victims:
+            jobs.fail("could not find rank 1")
+        os.kill(victims[0], signal.SIGSTOP)
+        stopped_at = time.time()
+        rc = job.wait(timeout_s + 60)
+        took = time.time() - stopped_at
+        text = job.output()
+        named = "did not complete within 5 s" in text and "on group" in text and "rank 0" in text
+        ok = rc == 3 and named
+        line = next((l for l in text.splitlines() if "did not complete" in l), "(no watchdog line)")
+        print(f"stalled rank 1: exit {rc} after {took:.1f} s; {line.strip()} -> "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            print(text[-3000:])
+            failures.append("stalled_rank")
+    finally:
+        for pid in job.descendants():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        job.kill()
+
+
+def main():
+    global PPTRAIN, EMULATED, CONFIG
+    PPTRAIN, EMULATED, CONFIG, work = sys.argv[1:5]
+    names = sys.argv[5:] or list(LAYOUTS)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    failures = []
+    check_layouts(names, work, failures)
+    check_checkpoints(work, failures)
+    check_stalled_rank(work, failures)
+    if failures:
+        sys.exit("failed: " + ", ".join(failures))
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + 3} passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
