@@ -3,7 +3,8 @@
 // include/ (cuda_runtime.h, cuda_bf16.h, mma.h, cublasLt.h) lead here; emulate_cu.cmake
 // rewrites what is not C++ (launches, __shared__ declarations) in build-dir copies.
 //
-// The model (emulator_block.cpp): a launch runs its blocks one after another. A block's
+// The model (emulator_block.cpp): a launch is queued on its stream and runs when the
+// stream's work is due (emulator_streams.hpp), its blocks one after another. A block's
 // threads are fibers on the calling thread, scheduled cooperatively and deterministically:
 // a thread runs until it waits at a barrier (__syncthreads, or a warp collective:
 // __syncwarp, shuffles, votes, wmma operations) or exits, then the first runnable thread in

@@ -69,7 +69,9 @@ constexpr double tol(double fp32, double bf16_tol = 2e-2) {
 
 // n elements of T in host memory standing in for device memory: 256-byte aligned, or
 // `skew` elements past that; 256 bytes of poison (0xFF) on each side, checked when the
-// array goes away. New contents are poison too (NaN for float and bf16).
+// array goes away. New contents are poison too (NaN for float and bf16). Launches are
+// queued (emulator_streams.hpp): reading, writing or dropping the array first
+// synchronises the device, so the kernels queued before have run.
 template <typename T>
 class Device {
  public:
@@ -86,6 +88,7 @@ class Device {
     write(v);
   }
   ~Device() {
+    (void)cudaDeviceSynchronize();
     const std::size_t end = offset_ + n_ * sizeof(T);
     const bool ok =
         std::all_of(base_, base_ + offset_, [](unsigned char c) { return c == 0xFF; }) &&
@@ -101,14 +104,19 @@ class Device {
   std::size_t size() const { return n_; }
   template <typename U>
   void write(const std::vector<U>& v) {
+    (void)cudaDeviceSynchronize();
     for (std::size_t i = 0; i < n_; ++i) get()[i] = static_cast<T>(v.at(i));
   }
   std::vector<float> read() const {
+    (void)cudaDeviceSynchronize();
     std::vector<float> v(n_);
     for (std::size_t i = 0; i < n_; ++i) v[i] = static_cast<float>(get()[i]);
     return v;
   }
-  std::vector<T> raw() const { return std::vector<T>(get(), get() + n_); }
+  std::vector<T> raw() const {
+    (void)cudaDeviceSynchronize();
+    return std::vector<T>(get(), get() + n_);
+  }
 
  private:
   std::size_t n_, offset_, bytes_;

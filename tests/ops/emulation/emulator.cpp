@@ -1,5 +1,6 @@
-// The CUDA emulator's entry points (cuda_emulator.hpp): launch checks, the runtime's
-// error and attribute state, and the calls kernels make, handed to the running block.
+// The CUDA emulator's entry points (cuda_emulator.hpp): launch checks and queueing, the
+// runtime's error and attribute state, and the calls kernels make, handed to the running
+// block.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "emulator_block.hpp"
+#include "emulator_streams.hpp"
 
 namespace pptrain_emu {
 namespace {
@@ -62,16 +64,26 @@ void run(const LaunchConfig& c, std::uintptr_t kernel, KernelBody body) {
     last_error = cudaErrorInvalidValue;
     return;
   }
-  thread_local detail::Stacks stacks;
-  Launch launch(c, body, order_setting, stacks);
-  detail::current_launch() = &launch;
-  try {
-    launch.run();
-  } catch (...) {
-    detail::current_launch() = nullptr;
-    throw;
+  if (launch_stream_check(c.stream) != cudaSuccess) {  // not a stream of the current device
+    last_error = cudaErrorInvalidResourceHandle;
+    return;
   }
-  detail::current_launch() = nullptr;
+  // The blocks run on the host thread that makes the stream's work due, in the schedule
+  // order this thread had at the launch.
+  const ScheduleOrder order = order_setting;
+  enqueue(c.stream, "kernel launched at " + detail::site(c.where), [c, body, order] {
+    thread_local detail::Stacks stacks;
+    Launch launch(c, body, order, stacks);
+    detail::current_launch() = &launch;
+    try {
+      launch.run();
+    } catch (...) {
+      detail::current_launch() = nullptr;
+      throw;
+    }
+    detail::current_launch() = nullptr;
+    return true;
+  });
 }
 
 void sync_block(std::source_location w) { in_kernel("__syncthreads").sync_block(w); }

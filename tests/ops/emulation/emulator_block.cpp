@@ -189,7 +189,7 @@ void Launch::exit_current() {
 void Launch::entry() {
   Launch* L = current_launch();
   try {
-    L->body_.call(L->body_.context);
+    L->body_.call(L->body_.context.get());
     L->exit_current();
   } catch (const std::exception& e) {
     L->error_ = e.what();

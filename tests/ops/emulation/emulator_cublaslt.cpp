@@ -10,11 +10,16 @@
 // type combinations; the algorithm must come from the heuristic for the same shapes,
 // and the pointers must be as aligned as the preference promised. Reads and writes
 // that leave a device allocation fail with CUBLAS_STATUS_EXECUTION_FAILED (a fault).
+// All of that is checked, and alpha, beta and the descriptors read, when cublasLtMatmul
+// is called; the product is computed when its stream's work is due (emulator_streams.hpp).
 #include "emulator_cublaslt.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
+
+#include "emulator_streams.hpp"
 
 namespace pptrain_emu::lt {
 
@@ -94,6 +99,51 @@ void store(void* p, int32_t type, std::size_t i, float v) {
     static_cast<BFloat16*>(p)[i] = BFloat16(v);
 }
 
+// One checked product, with copies of what it reads from the descriptors.
+struct Product {
+  MatmulDesc desc;
+  MatrixLayout a, b, c, d;
+  Shape s;
+  float alpha, beta;
+  const void *A, *B, *C;
+  void* D;
+  int32_t bias_type, aux_type;
+};
+
+void compute(const Product& p) {
+  const MatmulDesc& desc = p.desc;
+  const MatrixLayout &a = p.a, &b = p.b, &c = p.c, &d = p.d;
+  const uint32_t e = desc.epilogue;
+  const bool ta = desc.trans_a == CUBLAS_OP_T, tb = desc.trans_b == CUBLAS_OP_T;
+  for (int32_t batch = 0; batch < p.s.batch; ++batch) {
+    const std::size_t oa = std::size_t(batch) * a.stride, ob = std::size_t(batch) * b.stride,
+                      oc = std::size_t(batch) * c.stride, od = std::size_t(batch) * d.stride;
+    for (uint64_t j = 0; j < p.s.n; ++j)
+      for (uint64_t i = 0; i < p.s.m; ++i) {
+        double acc = 0.0;
+        for (uint64_t k = 0; k < p.s.k; ++k) {
+          const float x = load(p.A, a.type, oa + (ta ? k + i * a.ld : i + k * a.ld));
+          const float y = load(p.B, b.type, ob + (tb ? j + k * b.ld : k + j * b.ld));
+          acc += double(x) * double(y);
+        }
+        double r = double(p.alpha) * acc;
+        if (p.beta != 0.0f) r += double(p.beta) * load(p.C, c.type, oc + i + j * c.ld);
+        if (has_bias(e))
+          r += load(desc.bias, p.bias_type, std::size_t(batch) * desc.bias_batch_stride + i);
+        const float pre = float(r);
+        if (has_aux(e))
+          store(desc.aux, p.aux_type,
+                std::size_t(batch) * desc.aux_batch_stride + i + j * desc.aux_ld, pre);
+        float out = pre;
+        if (has_gelu(e)) {
+          const double x = pre;
+          out = float(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))));
+        }
+        store(p.D, d.type, od + i + j * d.ld, out);
+      }
+  }
+}
+
 }  // namespace
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
@@ -150,7 +200,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     return CUBLAS_STATUS_INVALID_VALUE;  // in place needs one layout
   const int32_t bias_type = desc->bias_type == -1 ? int32_t(d->type) : desc->bias_type;
   const int32_t aux_type = desc->aux_type == -1 ? int32_t(d->type) : desc->aux_type;
-  const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
   // Every array must lie inside its device allocation (or be host memory).
   const auto inside = [](const void* p, std::size_t bytes) { return device_range_ok(p, bytes); };
   if (!inside(A, extent(a->rows, a->cols, a->ld, s.batch, a->stride, type_size(a->type))) ||
@@ -164,33 +213,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                                                desc->aux_batch_stride, type_size(aux_type)))))
     return CUBLAS_STATUS_EXECUTION_FAILED;
 
-  for (int32_t batch = 0; batch < s.batch; ++batch) {
-    const std::size_t oa = std::size_t(batch) * a->stride, ob = std::size_t(batch) * b->stride,
-                      oc = std::size_t(batch) * c->stride, od = std::size_t(batch) * d->stride;
-    for (uint64_t j = 0; j < s.n; ++j)
-      for (uint64_t i = 0; i < s.m; ++i) {
-        double acc = 0.0;
-        for (uint64_t k = 0; k < s.k; ++k) {
-          const float x = load(A, a->type, oa + (ta ? k + i * a->ld : i + k * a->ld));
-          const float y = load(B, b->type, ob + (tb ? j + k * b->ld : k + j * b->ld));
-          acc += double(x) * double(y);
-        }
-        double r = double(alpha) * acc;
-        if (beta != 0.0f) r += double(beta) * load(C, c->type, oc + i + j * c->ld);
-        if (has_bias(e))
-          r += load(desc->bias, bias_type, std::size_t(batch) * desc->bias_batch_stride + i);
-        const float pre = float(r);
-        if (has_aux(e))
-          store(desc->aux, aux_type,
-                std::size_t(batch) * desc->aux_batch_stride + i + j * desc->aux_ld, pre);
-        float out = pre;
-        if (has_gelu(e)) {
-          const double x = pre;
-          out = float(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))));
-        }
-        store(D, d->type, od + i + j * d->ld, out);
-      }
-  }
+  enqueue(stream,
+          "cublasLtMatmul " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+              std::to_string(s.k) + (s.batch > 1 ? " x" + std::to_string(s.batch) : ""),
+          [p = Product{*desc, *a, *b, *c, *d, s, alpha, beta, A, B, C, D, bias_type, aux_type}] {
+            compute(p);
+            return true;
+          });
   return CUBLAS_STATUS_SUCCESS;
 }
 

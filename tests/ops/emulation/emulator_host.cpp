@@ -1,29 +1,30 @@
-// The emulated CUDA runtime's host side (emulator_host_api.hpp): the registry of device
-// allocations (256-byte aligned host memory), the one device's properties, and stream
-// and event tokens that are checked on every use.
+// The emulated CUDA runtime's devices and memory (emulator_host_api.hpp): the registry of
+// device allocations (256-byte aligned host memory, each on the device current when it was
+// made), the device count (PPTRAIN_EMULATED_GPUS) and every device's properties.
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
-#include <set>
+#include <stdexcept>
+#include <string>
 
 #include "cuda_emulator.hpp"
+#include "emulator_streams.hpp"
 
 namespace pptrain_emu {
-
-struct Stream {};
-struct Event {};
 
 namespace {
 
 // Process-wide, as a device's memory is; guarded for tests that run threads.
+struct Allocation {
+  std::size_t bytes;
+  int device;
+};
 struct Registry {
   std::mutex mutex;
-  std::map<const char*, std::size_t> allocations;  // base -> bytes
-  std::set<const Stream*> streams;
-  std::set<const Event*> events;
-  std::size_t bytes = 0;
+  std::map<const char*, Allocation> allocations;  // by base
+  std::map<int, std::size_t> bytes;               // in use, by device
 };
 Registry& registry() {
   static Registry r;
@@ -64,8 +65,9 @@ cudaError_t device_malloc(void** p, std::size_t bytes) {
   std::memset(mem, 0xFF, rounded);  // NaN poison, as shared memory: never zeroed for free
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.allocations[static_cast<const char*>(mem)] = bytes;
-  r.bytes += bytes;
+  const int device = current_device();
+  r.allocations[static_cast<const char*>(mem)] = {bytes, device};
+  r.bytes[device] += bytes;
   *p = mem;
   return cudaSuccess;
 }
@@ -73,11 +75,19 @@ cudaError_t device_malloc(void** p, std::size_t bytes) {
 cudaError_t device_free(void* p) {
   if (p == nullptr) return cudaSuccess;
   Registry& r = registry();
+  int device = 0;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     const auto it = r.allocations.find(static_cast<const char*>(p));
     if (it == r.allocations.end()) return cudaErrorInvalidValue;
-    r.bytes -= it->second;
+    device = it->second.device;
+  }
+  synchronize_device(device);  // as cudaFree does: queued work may still use p
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.allocations.find(static_cast<const char*>(p));
+    if (it == r.allocations.end()) return cudaErrorInvalidValue;  // freed meanwhile
+    r.bytes[device] -= it->second.bytes;
     r.allocations.erase(it);
   }
   std::free(p);
@@ -92,15 +102,45 @@ bool device_range_ok(const void* p, std::size_t bytes) {
   if (it == r.allocations.begin()) return true;  // below every allocation: host memory
   --it;
   const char* base = it->first;
-  if (begin >= base + it->second) return true;  // past this allocation: host memory
-  return bytes <= std::size_t(base + it->second - begin);
+  if (begin >= base + it->second.bytes) return true;  // past this allocation: host memory
+  return bytes <= std::size_t(base + it->second.bytes - begin);
 }
 
-std::size_t device_bytes_in_use() {
+int device_of(const void* p, std::size_t bytes) {
+  const char* begin = static_cast<const char*>(p);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.bytes;
+  auto it = r.allocations.upper_bound(begin);
+  if (it == r.allocations.begin()) return -1;
+  --it;
+  const std::size_t offset = std::size_t(begin - it->first);
+  return offset < it->second.bytes && bytes <= it->second.bytes - offset ? it->second.device : -1;
 }
+
+std::size_t device_bytes_in_use(int device) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.bytes.find(device);
+  return it == r.bytes.end() ? 0 : it->second;
+}
+
+int device_count() {
+  const char* env = std::getenv("PPTRAIN_EMULATED_GPUS");
+  if (env == nullptr) return 8;
+  std::size_t used = 0;
+  int n = 0;
+  try {
+    n = std::stoi(env, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || env[used] != '\0' || n < 1 || n > 1024)
+    throw std::invalid_argument(std::string("PPTRAIN_EMULATED_GPUS: \"") + env +
+                                "\" is not a device count from 1 to 1024");
+  return n;
+}
+
+bool valid_device(int device) { return device >= 0 && device < device_count(); }
 
 int& current_device() {
   thread_local int device = 0;
@@ -109,7 +149,7 @@ int& current_device() {
 
 cudaError_t device_properties(DeviceProp* prop, int device) {
   if (prop == nullptr) return cudaErrorInvalidValue;
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
   *prop = DeviceProp{};
   std::strcpy(prop->name, "Emulated GPU");
   prop->totalGlobalMem = std::size_t(141) << 30;
@@ -129,7 +169,7 @@ cudaError_t device_properties(DeviceProp* prop, int device) {
 
 cudaError_t device_attribute(int* value, cudaDeviceAttr attr, int device) {
   if (value == nullptr) return cudaErrorInvalidValue;
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
   switch (attr) {
     case cudaDevAttrMaxSharedMemoryPerBlock:
       *value = 48 * 1024;
@@ -151,53 +191,6 @@ cudaError_t device_attribute(int* value, cudaDeviceAttr attr, int device) {
       return cudaSuccess;
   }
   return cudaErrorInvalidValue;
-}
-
-cudaError_t stream_create(Stream** s) {
-  if (s == nullptr) return cudaErrorInvalidValue;
-  *s = new Stream;
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.streams.insert(*s);
-  return cudaSuccess;
-}
-cudaError_t stream_check(Stream* s) {
-  if (s == nullptr) return cudaSuccess;
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return r.streams.count(s) ? cudaSuccess : cudaErrorInvalidResourceHandle;
-}
-cudaError_t stream_destroy(Stream* s) {
-  Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    if (s == nullptr || r.streams.erase(s) == 0) return cudaErrorInvalidResourceHandle;
-  }
-  delete s;
-  return cudaSuccess;
-}
-
-cudaError_t event_create(Event** e) {
-  if (e == nullptr) return cudaErrorInvalidValue;
-  *e = new Event;
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.events.insert(*e);
-  return cudaSuccess;
-}
-cudaError_t event_check(Event* e) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return e != nullptr && r.events.count(e) ? cudaSuccess : cudaErrorInvalidResourceHandle;
-}
-cudaError_t event_destroy(Event* e) {
-  Registry& r = registry();
-  {
-    std::lock_guard<std::mutex> lock(r.mutex);
-    if (e == nullptr || r.events.erase(e) == 0) return cudaErrorInvalidResourceHandle;
-  }
-  delete e;
-  return cudaSuccess;
 }
 
 }  // namespace pptrain_emu

@@ -1,8 +1,14 @@
 // The host side of the CUDA runtime as the emulator provides it (included by
-// cuda_emulator.hpp; the bodies are in emulator_host.cpp): device memory is host memory
-// from a registry of allocations, streams and events are tokens, and every call
-// completes before it returns (launches run at once too), so synchronisation is a no-op
-// that only checks its handle. One device, "Emulated GPU", shaped like an sm_90 part.
+// cuda_emulator.hpp; the bodies are in emulator_host.cpp, emulator_stream_api.cpp and
+// emulator_copies.cpp): device memory is host memory from a registry of allocations.
+// Launches, asynchronous copies and memsets, event records and waits are queued on their
+// stream (emulator_streams.cpp) and run only when a host call makes them due: a stream,
+// event or device synchronisation, a query (which runs what can run, then reports), a
+// blocking copy or memset (on the legacy stream: ordered after the blocking streams'
+// work), or cudaFree (which synchronises the allocation's device first). Streams created
+// without cudaStreamNonBlocking are ordered with the legacy stream, as CUDA documents.
+// PPTRAIN_EMULATED_GPUS devices (default 8), "Emulated GPU", each shaped like an sm_90
+// part; an allocation, stream or event belongs to the device current when it was made.
 // Copies and memsets whose range starts inside a device allocation must end inside it
 // (else cudaErrorInvalidValue); a range outside every allocation is taken as host
 // memory, which the kernel tests hand to launchers directly.
@@ -45,22 +51,40 @@ struct DeviceProp {
 };
 
 const char* error_string(cudaError_t e);
-// ---- device memory registry ----
+// ---- device memory registry (emulator_host.cpp) ----
 cudaError_t device_malloc(void** p, std::size_t bytes);
-cudaError_t device_free(void* p);
+cudaError_t device_free(void* p);  // synchronises the allocation's device first
 // True unless [p, p + bytes) starts inside a live allocation and leaves it.
 bool device_range_ok(const void* p, std::size_t bytes);
-std::size_t device_bytes_in_use();
-// ---- devices, streams and events ----
+std::size_t device_bytes_in_use(int device);
+// ---- devices (emulator_host.cpp) ----
+int device_count();  // PPTRAIN_EMULATED_GPUS, default 8; throws on a malformed value
+bool valid_device(int device);
 int& current_device();
 cudaError_t device_properties(DeviceProp* prop, int device);
 cudaError_t device_attribute(int* value, cudaDeviceAttr attr, int device);
-cudaError_t stream_create(Stream** s);
-cudaError_t stream_check(Stream* s);  // null (the legacy stream) is valid
+// ---- streams, events and synchronisation (emulator_stream_api.cpp) ----
+cudaError_t stream_create(Stream** s, unsigned flags);
+cudaError_t stream_check(Stream* s);         // null (the legacy stream) is valid
+cudaError_t launch_stream_check(Stream* s);  // and the stream is on the current device
 cudaError_t stream_destroy(Stream* s);
+cudaError_t stream_synchronize(Stream* s);
+cudaError_t stream_query(Stream* s);
+cudaError_t stream_wait_event(Stream* s, Event* e);
 cudaError_t event_create(Event** e);
 cudaError_t event_check(Event* e);
 cudaError_t event_destroy(Event* e);
+cudaError_t event_record(Event* e, Stream* s);
+cudaError_t event_query(Event* e);
+cudaError_t event_synchronize(Event* e);
+cudaError_t device_synchronize();  // the current device
+void synchronize_device(int device);
+// ---- copies and memsets (emulator_copies.cpp) ----
+cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                         Stream* s);
+cudaError_t memcpy_blocking(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+cudaError_t memset_async(void* p, int value, std::size_t bytes, Stream* s);
+cudaError_t memset_blocking(void* p, int value, std::size_t bytes);
 
 }  // namespace pptrain_emu
 
@@ -68,6 +92,7 @@ using cudaDeviceProp = pptrain_emu::DeviceProp;
 using cudaEvent_t = pptrain_emu::Event*;
 using namespace pptrain_emu::host_names;  // NOLINT: the toolkit's names are global
 using pptrain_emu::cudaErrorInvalidDevice;
+using pptrain_emu::cudaErrorInvalidResourceHandle;
 using pptrain_emu::cudaErrorMemoryAllocation;
 using pptrain_emu::cudaErrorNotReady;
 
@@ -76,11 +101,11 @@ static inline const char* cudaGetErrorName(cudaError_t e) { return pptrain_emu::
 
 // ---- devices ----
 static inline cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = pptrain_emu::device_count();
   return cudaSuccess;
 }
 static inline cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return pptrain_emu::cudaErrorInvalidDevice;
+  if (!pptrain_emu::valid_device(device)) return pptrain_emu::cudaErrorInvalidDevice;
   pptrain_emu::current_device() = device;
   return cudaSuccess;
 }
@@ -94,7 +119,7 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int devi
 static inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   return pptrain_emu::device_attribute(value, attr, device);
 }
-static inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize() { return pptrain_emu::device_synchronize(); }
 
 // ---- memory ----
 static inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
@@ -107,41 +132,34 @@ cudaError_t cudaMalloc(T** p, std::size_t bytes) {
 static inline cudaError_t cudaFree(void* p) { return pptrain_emu::device_free(p); }
 static inline cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   *total = std::size_t(141) << 30;
-  *free = *total - pptrain_emu::device_bytes_in_use();
+  *free = *total - pptrain_emu::device_bytes_in_use(pptrain_emu::current_device());
   return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes,
-                                     cudaMemcpyKind) {
-  if (!pptrain_emu::device_range_ok(dst, bytes) || !pptrain_emu::device_range_ok(src, bytes))
-    return cudaErrorInvalidValue;
-  if (bytes != 0) std::memmove(dst, src, bytes);
-  return cudaSuccess;
+                                     cudaMemcpyKind kind) {
+  return pptrain_emu::memcpy_blocking(dst, src, bytes, kind);
 }
 static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes,
-                                          cudaMemcpyKind kind, cudaStream_t s) {
-  if (const cudaError_t e = pptrain_emu::stream_check(s); e != cudaSuccess) return e;
-  return cudaMemcpy(dst, src, bytes, kind);
+                                          cudaMemcpyKind kind, cudaStream_t s = nullptr) {
+  return pptrain_emu::memcpy_async(dst, src, bytes, kind, s);
 }
 static inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
-  if (!pptrain_emu::device_range_ok(p, bytes)) return cudaErrorInvalidValue;
-  if (bytes != 0) std::memset(p, value, bytes);
-  return cudaSuccess;
+  return pptrain_emu::memset_blocking(p, value, bytes);
 }
 static inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes,
                                           cudaStream_t s = nullptr) {
-  if (const cudaError_t e = pptrain_emu::stream_check(s); e != cudaSuccess) return e;
-  return cudaMemset(p, value, bytes);
+  return pptrain_emu::memset_async(p, value, bytes, s);
 }
 
-// ---- streams and events: all work is done by the time a call returns ----
+// ---- streams and events: work runs when one of these calls makes it due ----
 static inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  return pptrain_emu::stream_create(s);
+  return pptrain_emu::stream_create(s, cudaStreamDefault);
 }
-static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  return pptrain_emu::stream_create(s);
+static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  return pptrain_emu::stream_create(s, flags);
 }
-static inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int) {
-  return pptrain_emu::stream_create(s);
+static inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int) {
+  return pptrain_emu::stream_create(s, flags);
 }
 static inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
   if (least) *least = 0;
@@ -152,25 +170,23 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return pptrain_emu::stream_destroy(s);
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return pptrain_emu::stream_check(s);
+  return pptrain_emu::stream_synchronize(s);
 }
-static inline cudaError_t cudaStreamQuery(cudaStream_t s) { return pptrain_emu::stream_check(s); }
+static inline cudaError_t cudaStreamQuery(cudaStream_t s) { return pptrain_emu::stream_query(s); }
 static inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return pptrain_emu::event_create(e); }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return pptrain_emu::event_create(e);
 }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { return pptrain_emu::event_destroy(e); }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
-  if (const cudaError_t err = pptrain_emu::stream_check(s); err != cudaSuccess) return err;
-  return pptrain_emu::event_check(e);
+  return pptrain_emu::event_record(e, s);
 }
-static inline cudaError_t cudaEventQuery(cudaEvent_t e) { return pptrain_emu::event_check(e); }
+static inline cudaError_t cudaEventQuery(cudaEvent_t e) { return pptrain_emu::event_query(e); }
 static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return pptrain_emu::event_check(e);
+  return pptrain_emu::event_synchronize(e);
 }
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
-  if (const cudaError_t err = pptrain_emu::stream_check(s); err != cudaSuccess) return err;
-  return pptrain_emu::event_check(e);
+  return pptrain_emu::stream_wait_event(s, e);
 }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   *ms = 0.0f;  // no timing in the emulator

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <source_location>
 #include <tuple>
 #include <type_traits>
@@ -34,7 +35,7 @@ struct alignas(16) UInt4 {
 struct alignas(16) Int4 {
   int x, y, z, w;
 };
-struct Stream;  // streams are never dereferenced: launches run at once
+struct Stream;  // a queue of work (emulator_schedule.hpp)
 
 enum cudaError_t {
   cudaSuccess = 0,
@@ -113,12 +114,15 @@ T* dynamic_shared() {
   return static_cast<T*>(dynamic_shared_base(alignof(T)));
 }
 
-// A type-erased reference to the per-thread body of a launch.
+// The per-thread body of a launch, type-erased; the context (the kernel and its
+// arguments, copied at the launch) lives until the queued launch has run.
 struct KernelBody {
-  void* context;
+  std::shared_ptr<void> context;
   void (*call)(void* context);
 };
 struct LaunchConfig;
+// Checks the launch (cudaGetLastError reports a bad one at once) and queues it on its
+// stream; the blocks run when the stream's work is due (emulator_streams.hpp).
 void run(const LaunchConfig& config, std::uintptr_t kernel, KernelBody body);
 void set_max_dynamic_shared(std::uintptr_t kernel, int bytes);
 cudaError_t take_last_error();
@@ -131,10 +135,11 @@ struct LaunchArgs;
 struct LaunchConfig {
   Dim3 grid, block;
   std::size_t smem;
+  Stream* stream;  // null: the legacy default stream
   std::source_location where;
-  LaunchConfig(Dim3 g, Dim3 b, std::size_t bytes = 0, Stream* = nullptr,
+  LaunchConfig(Dim3 g, Dim3 b, std::size_t bytes = 0, Stream* s = nullptr,
                std::source_location w = std::source_location::current())
-      : grid(g), block(b), smem(bytes), where(w) {}
+      : grid(g), block(b), smem(bytes), stream(s), where(w) {}
   template <typename... A>
   LaunchArgs<std::decay_t<A>...> operator()(A&&... args) const {
     return {*this, {std::forward<A>(args)...}};
@@ -151,12 +156,14 @@ void operator*(void (*kernel)(P...), LaunchArgs<A...>&& launch) {
   struct Context {
     void (*kernel)(P...);
     std::tuple<P...> params;  // converted once, as the launch converts them
-  } context{kernel, std::apply([](auto&... a) { return std::tuple<P...>(a...); }, launch.args)};
+  };
+  auto context = std::make_shared<Context>(Context{
+      kernel, std::apply([](auto&... a) { return std::tuple<P...>(a...); }, launch.args)});
   auto call = [](void* c) {
     auto* ctx = static_cast<Context*>(c);
     std::apply(ctx->kernel, ctx->params);  // each thread gets its own copies
   };
-  run(launch.config, reinterpret_cast<std::uintptr_t>(kernel), {&context, call});
+  run(launch.config, reinterpret_cast<std::uintptr_t>(kernel), {std::move(context), call});
 }
 
 // ---- warp collectives ----

@@ -14,6 +14,8 @@ namespace pptrain_emu {
 // One item of a stream. run() is called once the item is at the head of its stream and
 // may be called again: it returns true once the work is done, false while it waits for
 // something outside this process (the emulated NCCL's peers), to be tried again later.
+// It runs on whichever host thread's call made it due, with no lock held, and must not
+// call a synchronising runtime function (that throws std::logic_error).
 using Work = std::function<bool()>;
 
 // Queues `work` on stream s (null: the legacy default stream). `what` names the item in
@@ -23,5 +25,13 @@ void enqueue(Stream* s, std::string what, Work work);
 // The device (cudaSetDevice's ordinal) of the allocation that holds all of
 // [p, p + bytes), or -1 when the range is not inside one live device allocation.
 int device_of(const void* p, std::size_t bytes);
+
+// The interleaving of the streams, set from PPTRAIN_EMULATED_STREAM_SEED when the runtime
+// first uses its streams: a number (default 0) seeds the choice among the streams that can
+// progress, so one seed gives one order; "sync" runs every item when it is queued (the
+// order of the calls, for debugging). set_stream_schedule takes the same text (throws
+// std::invalid_argument on anything else) and restarts the seeded sequence.
+void set_stream_schedule(const std::string& setting);
+std::string stream_schedule();
 
 }  // namespace pptrain_emu

@@ -1,5 +1,8 @@
 // The CUDA emulator's own test kernels (launchers in self_test_kernels.hpp), rewritten by
 // emulate_cu.cmake like the backend's kernels. Several carry a planted bug on purpose.
+// The launchers of the block-model checks synchronise before they return (their kernels
+// write to the caller's arrays, some on the launcher's stack); the stream-test launchers
+// only queue their kernel.
 #include <mma.h>
 
 #include "self_test_kernels.hpp"
@@ -121,34 +124,83 @@ __global__ void wmma_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat1
   wmma::store_matrix_sync(d, acc, 20, wmma::mem_row_major);
 }
 
+__global__ void fill_kernel(float* x, int n, float value) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = value;
+}
+
+__global__ void scale_add_kernel(float* x, int n, float a, float b) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = a * x[i] + b;
+}
+
+__global__ void sum_kernel(float* out, const float* x, int n) {
+  if (threadIdx.x != 0) return;
+  float total = 0.0f;
+  for (int i = 0; i < n; ++i) total += x[i];
+  *out = total;
+}
+
+__global__ void copy_kernel(float* dst, const float* src, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+
+// The block-model checks' kernels write to their caller's memory: done before return.
+void finish() { (void)cudaDeviceSynchronize(); }
+
 }  // namespace
 
 void neighbour_read(float* out, int blocks, int n, int offset, bool with_barrier) {
   neighbour_read_kernel<<<blocks, n>>>(out, offset, with_barrier);
+  finish();
 }
 void warp_exchange(float* out, bool with_syncwarp) {
   warp_exchange_kernel<<<1, 32>>>(out, with_syncwarp);
+  finish();
 }
 void reuse_shared(float* out, bool with_barrier) {
   reuse_shared_kernel<<<1, 64>>>(out, with_barrier);
+  finish();
 }
 void wmma_store_then_read(float* out, bool with_syncwarp) {
   store_then_read_kernel<<<1, 32>>>(out, with_syncwarp);
+  finish();
 }
-void shuffles(unsigned* out) { shuffles_kernel<<<1, dim3(16, 4)>>>(out); }
-void grid_indices(int* out) { grid_indices_kernel<<<dim3(2, 3), 32>>>(out); }
-void divergent_barrier() { divergent_barrier_kernel<<<1, 64>>>(); }
+void shuffles(unsigned* out) {
+  shuffles_kernel<<<1, dim3(16, 4)>>>(out);
+  finish();
+}
+void grid_indices(int* out) {
+  grid_indices_kernel<<<dim3(2, 3), 32>>>(out);
+  finish();
+}
+void divergent_barrier() {
+  divergent_barrier_kernel<<<1, 64>>>();
+  finish();
+}
 void shuffle_with_exited_lanes() {
   float out[32];
   exited_lanes_kernel<<<1, 32>>>(out);
+  finish();
 }
-void deadlock() { deadlock_kernel<<<1, 64>>>(); }
-void dynamic_shared_overflow() { dynamic_overflow_kernel<<<1, 32, 40 * sizeof(float)>>>(40); }
+void deadlock() {
+  deadlock_kernel<<<1, 64>>>();
+  finish();
+}
+void dynamic_shared_overflow() {
+  dynamic_overflow_kernel<<<1, 32, 40 * sizeof(float)>>>(40);
+  finish();
+}
 void static_shared_too_big() {
   float out[32];
   static_too_big_kernel<<<1, 32>>>(out);
+  finish();
 }
-void shared_memory_poisoned(float* out) { poisoned_kernel<<<2, 32>>>(out); }
+void shared_memory_poisoned(float* out) {
+  poisoned_kernel<<<2, 32>>>(out);
+  finish();
+}
 
 cudaError_t launch_status(int threads, int grid_y, int smem, int allow) {
   if (allow > 0) {
@@ -158,12 +210,26 @@ cudaError_t launch_status(int threads, int grid_y, int smem, int allow) {
   }
   float out[1];
   status_kernel<<<dim3(1, grid_y), threads, smem>>>(out);
-  return cudaGetLastError();
+  const cudaError_t status = cudaGetLastError();
+  finish();
+  return status;
 }
 
 void wmma_product(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c,
                   int shift) {
   wmma_kernel<<<1, 32>>>(d, a + shift, b, c);
+  finish();
+}
+
+void fill(float* x, int n, float value, cudaStream_t s) {
+  fill_kernel<<<(n + 127) / 128, 128, 0, s>>>(x, n, value);
+}
+void scale_add(float* x, int n, float a, float b, cudaStream_t s) {
+  scale_add_kernel<<<(n + 127) / 128, 128, 0, s>>>(x, n, a, b);
+}
+void sum(float* out, const float* x, int n, cudaStream_t s) { sum_kernel<<<1, 32, 0, s>>>(out, x, n); }
+void copy(float* dst, const float* src, int n, cudaStream_t s) {
+  copy_kernel<<<(n + 127) / 128, 128, 0, s>>>(dst, src, n);
 }
 
 }  // namespace emulator_selftest

@@ -1,5 +1,6 @@
 // Launchers of the CUDA emulator's own test kernels (self_test_kernels.cu): each runs a
-// small kernel, some of them with a planted bug the emulator must catch.
+// small kernel, some of them with a planted bug the emulator must catch, and (but for the
+// stream tests' launchers) synchronises the device before it returns.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,5 +48,13 @@ cudaError_t launch_status(int threads, int grid_y, int smem, int allow);
 // elements (a misaligned pointer when odd).
 void wmma_product(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c,
                   int shift);
+
+// For the stream tests (streams_self_test.cpp): each queues one kernel on stream s and
+// returns. x[i] = value; x[i] = a x[i] + b; *out = the sum of x[0..n) (one thread, in
+// order); dst[i] = src[i].
+void fill(float* x, int n, float value, cudaStream_t s);
+void scale_add(float* x, int n, float a, float b, cudaStream_t s);
+void sum(float* out, const float* x, int n, cudaStream_t s);
+void copy(float* dst, const float* src, int n, cudaStream_t s);
 
 }  // namespace emulator_selftest

@@ -1,0 +1,89 @@
+// The emulated runtime's queues (emulator_streams.cpp), shared by the files that queue
+// work and make it due (emulator_stream_api.cpp, emulator_copies.cpp). A
+// stream is a FIFO of items; an item may start once it is at the head of its queue and
+// every mark it waits for is done. Everything here is guarded by one mutex (lock()).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "emulator_streams.hpp"
+
+namespace pptrain_emu::sched {
+
+struct Queue;
+// A point in a queue: done once the queue has completed `position` items. A mark
+// without a queue is always done (an event never recorded).
+struct Mark {
+  std::shared_ptr<Queue> queue;
+  std::uint64_t position = 0;
+  bool done() const;
+};
+
+struct Item {
+  std::string what;
+  Work work;
+  std::vector<Mark> after;  // what must be done before the item starts
+};
+
+struct Queue {
+  std::uint64_t id = 0;  // creation order: names queues and orders the seeded choice
+  int device = 0;
+  bool legacy = false;     // the device's legacy default stream (the null stream)
+  bool blocking = true;    // created without cudaStreamNonBlocking: ordered with the legacy stream
+  bool destroyed = false;  // the handle is gone; the queue lives until its work has run
+  bool running = false;    // its head is running on some host thread
+  std::deque<Item> items;  // not yet completed, the head first
+  std::uint64_t pushed = 0, completed = 0;
+  std::string name() const;
+};
+
+inline bool Mark::done() const { return !queue || queue->completed >= position; }
+
+}  // namespace pptrain_emu::sched
+
+namespace pptrain_emu {
+// The runtime's handles: a stream owns its queue; an event remembers its last record.
+struct Stream {
+  std::shared_ptr<sched::Queue> queue;
+};
+struct Event {
+  int device = 0;
+  sched::Mark last;  // no queue until the first cudaEventRecord
+};
+}  // namespace pptrain_emu
+
+namespace pptrain_emu::sched {
+
+// The lock every call below needs.
+std::unique_lock<std::mutex> lock();
+
+// A new registered queue on `device`, the legacy queue of a device (made on first use).
+std::shared_ptr<Queue> new_queue(int device, bool blocking);
+std::shared_ptr<Queue> legacy_queue(int device);
+// The queue of a live stream handle (null: the current device's legacy stream), or null
+// when the handle is not a live stream.
+std::shared_ptr<Queue> queue_of(Stream* s);
+bool live_stream(Stream* s);
+void add_stream(Stream* s);
+bool remove_stream(Stream* s);  // false when not live; its queue runs on until drained
+bool live_event(Event* e);
+void add_event(Event* e);
+bool remove_event(Event* e);
+
+// Queues an item, adding the legacy stream's implicit ordering, and returns the mark of
+// its completion. With the "sync" schedule the item runs before submit returns.
+Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q, std::string what,
+            Work work, std::vector<Mark> after = {});
+// The end of every queue of `device` (its pending work, destroyed streams' included).
+std::vector<Mark> device_marks(int device);
+
+// Runs queued work until every target is done. wait: blocks until then (polling while
+// items wait for other processes); otherwise runs what can run now and says whether
+// the targets are done. Throws what a work item throws, and on a dependency cycle.
+bool drive(std::unique_lock<std::mutex>& held, const std::vector<Mark>& targets, bool wait);
+
+}  // namespace pptrain_emu::sched

@@ -1,0 +1,131 @@
+// The emulated runtime's stream and event calls (emulator_host_api.hpp) over the queues
+// of emulator_streams.cpp: creation and destruction as CUDA defines them (a destroyed
+// stream's queued work still runs; an event's records and the waits on them outlive it),
+// records and waits as queue items, and the synchronisations and queries that make work
+// due. Handles are checked on every use.
+#include <string>
+
+#include "cuda_emulator.hpp"
+#include "emulator_schedule.hpp"
+
+namespace pptrain_emu {
+
+namespace {
+bool done_at_once() { return true; }
+}  // namespace
+
+cudaError_t stream_create(Stream** s, unsigned flags) {
+  if (s == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return cudaErrorInvalidValue;
+  auto held = sched::lock();
+  *s = new Stream{sched::new_queue(current_device(), (flags & cudaStreamNonBlocking) == 0)};
+  sched::add_stream(*s);
+  return cudaSuccess;
+}
+
+cudaError_t stream_check(Stream* s) {
+  auto held = sched::lock();
+  return s == nullptr || sched::live_stream(s) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t launch_stream_check(Stream* s) {
+  auto held = sched::lock();
+  if (s == nullptr) return cudaSuccess;
+  return sched::live_stream(s) && s->queue->device == current_device()
+             ? cudaSuccess
+             : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t stream_destroy(Stream* s) {
+  {
+    auto held = sched::lock();
+    if (!sched::remove_stream(s)) return cudaErrorInvalidResourceHandle;
+  }
+  delete s;  // the queue lives on in the scheduler until its work has run
+  return cudaSuccess;
+}
+
+cudaError_t stream_synchronize(Stream* s) {
+  auto held = sched::lock();
+  const auto q = sched::queue_of(s);
+  if (!q) return cudaErrorInvalidResourceHandle;
+  sched::drive(held, {{q, q->pushed}}, true);
+  return cudaSuccess;
+}
+
+cudaError_t stream_query(Stream* s) {
+  auto held = sched::lock();
+  const auto q = sched::queue_of(s);
+  if (!q) return cudaErrorInvalidResourceHandle;
+  return sched::drive(held, {{q, q->pushed}}, false) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t stream_wait_event(Stream* s, Event* e) {
+  auto held = sched::lock();
+  const auto q = sched::queue_of(s);
+  if (!q || !sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  // The wait is for the record made last before this call; none: nothing to wait for.
+  const sched::Mark record = e->last;
+  std::string what = "cudaStreamWaitEvent for ";
+  what += record.queue ? "item " + std::to_string(record.position) + " of " + record.queue->name()
+                       : "an event never recorded";
+  std::vector<sched::Mark> after;
+  if (record.queue) after.push_back(record);
+  sched::submit(held, q, std::move(what), done_at_once, std::move(after));
+  return cudaSuccess;
+}
+
+void synchronize_device(int device) {
+  auto held = sched::lock();
+  sched::drive(held, sched::device_marks(device), true);
+}
+
+cudaError_t device_synchronize() {
+  synchronize_device(current_device());
+  return cudaSuccess;
+}
+
+cudaError_t event_create(Event** e) {
+  if (e == nullptr) return cudaErrorInvalidValue;
+  auto held = sched::lock();
+  *e = new Event{current_device(), {}};
+  sched::add_event(*e);
+  return cudaSuccess;
+}
+
+cudaError_t event_check(Event* e) {
+  auto held = sched::lock();
+  return sched::live_event(e) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t event_destroy(Event* e) {
+  {
+    auto held = sched::lock();
+    if (!sched::remove_event(e)) return cudaErrorInvalidResourceHandle;
+  }
+  delete e;  // queued waits hold their own copy of the record
+  return cudaSuccess;
+}
+
+cudaError_t event_record(Event* e, Stream* s) {
+  auto held = sched::lock();
+  const auto q = sched::queue_of(s);
+  if (!q || !sched::live_event(e) || q->device != e->device)
+    return cudaErrorInvalidResourceHandle;
+  e->last = sched::submit(held, q, "cudaEventRecord", done_at_once);
+  return cudaSuccess;
+}
+
+cudaError_t event_query(Event* e) {
+  auto held = sched::lock();
+  if (!sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  return sched::drive(held, {e->last}, false) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t event_synchronize(Event* e) {
+  auto held = sched::lock();
+  if (!sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  sched::drive(held, {e->last}, true);
+  return cudaSuccess;
+}
+
+}  // namespace pptrain_emu
