@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "pipeline/send_waits.hpp"
 
 namespace pptrain {
 
@@ -35,11 +36,16 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
 }
 
 ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
-                                 int stage, const std::vector<bool>& fused) {
+                                 int stage, const std::vector<bool>& fused,
+                                 const std::vector<std::size_t>& reusable) {
   const std::size_t v = std::size_t(placement.chunks());
   ActivationPeaks peak{std::vector<int>(v), std::vector<int>(v), std::vector<int>(v)};
   std::vector<int> sets(v), until_b(v), from_b(v);
   std::set<std::pair<int, int>> live, holds_until_b, weight_done, sent;
+  // Sets with sends in the background: the step from which each is reused, and the
+  // released ones that count until then (step -> chunk).
+  std::map<std::pair<int, int>, std::size_t> reused_from;
+  std::multimap<std::size_t, int> freed_at;
   auto count = [](std::vector<int>& now, std::vector<int>& most, int c, int delta) {
     now[size_t(c)] += delta;
     most[size_t(c)] = std::max(most[size_t(c)], now[size_t(c)]);
@@ -47,19 +53,29 @@ ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement
   auto touch = [&](int mb, int c) {
     if (live.insert({mb, c}).second) count(sets, peak.sets, c, 1);
   };
-  auto release = [&](std::pair<int, int> key) {
+  auto release = [&](std::pair<int, int> key, std::size_t step) {
     live.erase(key);
     weight_done.erase(key);
     sent.erase(key);
     if (holds_until_b.erase(key)) count(until_b, peak.until_b, key.second, -1);
-    count(sets, peak.sets, key.second, -1);
+    const auto held = reused_from.find(key);
+    if (held != reused_from.end() && held->second > step + 1)
+      freed_at.insert({held->second, key.second});
+    else
+      count(sets, peak.sets, key.second, -1);
+    if (held != reused_from.end()) reused_from.erase(held);
   };
-  for (const Step& step : steps)
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    for (auto it = freed_at.begin(); it != freed_at.end() && it->first <= i; it = freed_at.erase(it))
+      count(sets, peak.sets, it->second, -1);
+    const Step& step = steps[i];
     for (const Action& a : step.actions) {
       const std::pair<int, int> key{a.microbatch, a.chunk};
       const bool first = placement.is_first(stage, a.chunk);
       touch(a.microbatch, a.chunk);
       if (step.kind == Step::LocalCopy) touch(a.microbatch, message_peer(placement, stage, a).chunk);
+      if (step.kind == Step::PostSends && !reusable.empty())
+        reused_from[key] = std::max(reused_from[key], reusable[i]);
       if (a.op == Op::Forward && holds_until_b.insert(key).second) count(until_b, peak.until_b, a.chunk, 1);
       if (a.op == Op::BackwardInput) {
         count(from_b, peak.from_b, a.chunk, 1);
@@ -69,13 +85,14 @@ ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement
       if (a.op == Op::BackwardWeight) {
         if (!fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
         weight_done.insert(key);
-        if (first || sent.count(key)) release(key);
+        if (first || sent.count(key)) release(key, i);
       }
       if (a.op == Op::SendBackward) {
         sent.insert(key);
-        if (weight_done.count(key)) release(key);
+        if (weight_done.count(key)) release(key, i);
       }
     }
+  }
   return peak;
 }
 
@@ -87,21 +104,24 @@ PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vec
       world_(world),
       pp_ranks_(std::move(pp_ranks)),
       placement_(schedule_placement(kind, int(pp_ranks_.size()), virtual_stages)),
-      steps_(build_steps(kind, int(pp_ranks_.size()), stage, micro_batches, virtual_stages, mode,
-                         planned)),
       pp_(int(pp_ranks_.size())),
       stage_(stage),
       m_(micro_batches),
       v_(virtual_stages),
       pool_(size_t(virtual_stages)),
       tokens_(size_t(model.batch()) * model.config().seq_len),
-      targets_(tokens_.size()) {}
+      targets_(tokens_.size()) {
+  auto all = build_all_steps(kind, pp_, micro_batches, virtual_stages, mode, planned);
+  if (mode == MessageMode::AsyncSends)
+    reusable_ = sends_waitable_from(all, placement_)[size_t(stage)];
+  steps_ = std::move(all[size_t(stage)]);
+}
 
 GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
   auto it = live_.find(key);
   if (it != live_.end()) return *it->second;
   auto& pool = pool_[size_t(key.second)];
-  if (pool.empty()) recycle_sent();
+  if (pool.empty()) reuse_drained(key.second);
   std::unique_ptr<GptModel::Activations> a;
   if (pool.empty()) {
     a = model_.new_activations(key.second);
@@ -113,17 +133,17 @@ GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
 }
 
 void PipelineExecutor::release(const Key& key) {
-  // A set whose sends may still be leaving waits in `draining_`: waiting for them here
-  // could deadlock (the receiver may post its receive only after its own sends).
+  // A set whose sends were left to complete in the background waits in `draining_` until
+  // the step from which the plan reuses it: waiting for its sends any earlier could
+  // deadlock (the receiver may post its receive only after its own sends), and reusing
+  // it earlier when they happen to be done would make the memory depend on timing.
   auto it = live_.find(key);
   model_.release_parts(*it->second);
   auto s = sends_.find(key);
-  const bool pending = s != sends_.end() &&
-                       !std::all_of(s->second.begin(), s->second.end(),
-                                    [](const auto& op) { return op->test(); });
-  if (s != sends_.end() && !pending) sends_.erase(s);
-  if (pending) {
-    draining_.push_back({key.second, std::move(it->second), std::move(s->second)});
+  if (s != sends_.end()) {
+    const auto from = reuse_from_.find(key);
+    draining_.push_back({key.second, from->second, std::move(it->second), std::move(s->second)});
+    reuse_from_.erase(from);
     sends_.erase(s);
   } else {
     pool_[size_t(key.second)].push_back(std::move(it->second));
@@ -223,8 +243,12 @@ void PipelineExecutor::communicate(const Step& step) {
     for (const Action& m : step.actions) transfers.push_back(transfer(m));
     world_.exchange(transfers);
   } else {
-    for (const Action& m : step.actions)
-      sends_[{m.microbatch, m.chunk}].push_back(world_.exchange_start({transfer(m)}));
+    for (const Action& m : step.actions) {
+      const Key key{m.microbatch, m.chunk};
+      sends_[key].push_back(world_.exchange_start({transfer(m)}));
+      std::size_t& from = reuse_from_[key];
+      from = std::max(from, reusable_[step_]);
+    }
   }
   for (const Action& m : step.actions) sent(m);
 }
@@ -236,7 +260,8 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
   const auto start = Clock::now();
   const auto& chunks = model_.partition().chunks;
   ChunkCompletion completion(chunks, m_, chunk_done);
-  for (const Step& step : steps_) {
+  for (step_ = 0; step_ < steps_.size(); ++step_) {
+    const Step& step = steps_[step_];
     const Action& a = step.actions[0];
     const Key key{a.microbatch, a.chunk};
     const ChunkSpec& spec = chunks[size_t(a.chunk)];
@@ -314,17 +339,19 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
   return loss_sum;
 }
 
-void PipelineExecutor::recycle_sent() {
-  for (auto it = draining_.begin(); it != draining_.end();) {
+void PipelineExecutor::reuse_drained(int chunk) {
+  auto due = draining_.end();
+  for (auto it = draining_.begin(); it != draining_.end(); ++it) {
+    if (it->chunk != chunk || it->reusable_from > step_) continue;
     const bool sent = std::all_of(it->sends.begin(), it->sends.end(),
                                   [](const auto& op) { return op->test(); });
-    if (sent) {
-      pool_[size_t(it->chunk)].push_back(std::move(it->acts));
-      it = draining_.erase(it);
-    } else {
-      ++it;
-    }
+    if (sent || due == draining_.end()) due = it;
+    if (sent) break;
   }
+  if (due == draining_.end()) return;
+  for (auto& op : due->sends) op->wait();  // cannot deadlock from this step on
+  pool_[size_t(chunk)].push_back(std::move(due->acts));
+  draining_.erase(due);
 }
 
 void PipelineExecutor::drain() {

@@ -1,9 +1,11 @@
 // Runs one rank's pipeline schedule (schedule.hpp) on the model: exactly the steps of
 // build_steps, the ones the simulator proves: forwards, split backwards, local copies,
 // and activation/gradient messages (blocking batches, or sends left to complete in the
-// background, by the message mode). Activation sets are taken from
-// a pool when a micro-batch enters a chunk and given back once its weight-gradient pass
-// is done and its input gradient has left.
+// background, by the message mode). Activation sets are taken from a pool when a
+// micro-batch enters a chunk and given back once its weight-gradient pass is done and
+// its input gradient has left; a set whose sends were left in the background goes back
+// at the step the plan gives (send_waits.hpp), so that what a rank allocates does not
+// depend on its peers' timing and is what the memory plan predicts.
 #pragma once
 #include <chrono>
 #include <functional>
@@ -31,13 +33,17 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
 
 // The most activation sets, and the most parts lent between F and B and between B and W,
 // one chunk holds at once while its rank runs `steps` (per chunk): what the executor and
-// the model allocate, with every send complete by the next step. `fused[c]`: chunk c
-// runs W inside B (GptModel's fused backward).
+// the model allocate. `fused[c]`: chunk c runs W inside B (GptModel's fused backward).
+// `reusable[i]`: the step from which the executor reuses a set whose sends it posted in
+// step i (sends_waitable_from); a set released earlier stays allocated until then (its
+// lent parts go back at once). Empty: blocking batches, whose sends are complete when
+// the set is released.
 struct ActivationPeaks {
   std::vector<int> sets, until_b, from_b;
 };
 ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
-                                 int stage, const std::vector<bool>& fused);
+                                 int stage, const std::vector<bool>& fused,
+                                 const std::vector<std::size_t>& reusable = {});
 
 struct PipelineStats {
   double loss_sum = 0;      // sum of the micro-batch mean losses (last stage; else 0)
@@ -78,7 +84,9 @@ class PipelineExecutor {
   using Key = std::pair<int, int>;  // (microbatch, chunk)
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
-  void recycle_sent();  // returns the draining sets whose sends have completed to the pool
+  // Moves a draining set of `chunk` that the plan reuses by this step to the pool, waiting
+  // for its sends if they are still leaving; none if there is no such set.
+  void reuse_drained(int chunk);
   void drain();         // waits for every send still leaving
   int tag(int microbatch, int chunk, bool backward) const;
   comm::Transfer transfer(const Action& a);
@@ -94,10 +102,16 @@ class PipelineExecutor {
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
-  // AsyncSends: the sends still leaving each live set, and released sets waiting for theirs.
+  // AsyncSends: the step from which the plan reuses a set whose sends were posted in each
+  // step (sends_waitable_from), the step being run, the sends of each live set and the
+  // step from which it is reused, and the released sets waiting for that step.
+  std::vector<std::size_t> reusable_;
+  std::size_t step_ = 0;
   std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;
+  std::map<Key, std::size_t> reuse_from_;
   struct Draining {
     int chunk;
+    std::size_t reusable_from;
     std::unique_ptr<GptModel::Activations> acts;
     std::vector<std::unique_ptr<comm::PendingOp>> sends;
   };

@@ -4,6 +4,7 @@
 #include "model/param_layout.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
+#include "pipeline/send_waits.hpp"
 #include "train/session.hpp"
 
 namespace pptrain {
@@ -22,7 +23,29 @@ ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
   return shape;
 }
 
-RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
+namespace {
+
+// The steps every stage runs in the run's message mode and, for sends left to complete
+// in the background, the step from which the rank reuses the sets they read.
+struct PlannedSteps {
+  std::vector<std::vector<Step>> steps;
+  std::vector<std::vector<std::size_t>> reusable;  // empty with blocking batches
+};
+
+PlannedSteps planned_steps(const Config& c, const BackendTraits& be) {
+  const ParallelConfig& p = c.parallel;
+  const bool device = be.compute != DType::F32 || c.device == Device::Cuda;
+  const MessageMode mode = message_mode(c, device);
+  PlannedSteps plan;
+  plan.steps = build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages, mode,
+                               planned_costs(c));
+  if (mode == MessageMode::AsyncSends)
+    plan.reusable = sends_waitable_from(plan.steps, placement_of(c));
+  return plan;
+}
+
+RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be,
+                       const PlannedSteps& plan) {
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
   const ModelPartition part =
@@ -45,7 +68,9 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
   } else {
     r.optimizer = 2 * 4 * total;
   }
-  // The activation table at this rank's shapes, through this rank's steps.
+  // The activation table at this rank's shapes, through this rank's steps. A set whose
+  // sends were left to complete in the background counts until the step from which the
+  // executor reuses it (sends_waitable_from), whatever the peers' timing.
   const ActivationShape shape = activation_shape(c, be);
   const ActivationPolicy policy = activation_policy(c);
   std::vector<ChunkActivationLayout> layouts;
@@ -55,26 +80,10 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
     layouts.push_back(chunk_activation_layout(shape, policy, n, ch.first, ch.last));
     fused.push_back(policy.fused_backward(n));
   }
-  const ScheduleKind kind = p.schedule;
-  const bool device = be.compute != DType::F32 || c.device == Device::Cuda;
-  // A set is freed once its sends have completed, and a send that rendezvouses completes
-  // when its consumer posts the receive: the grouped batching gives each message the
-  // round its consumer starts in. With sends in the background the rank holds what both
-  // orders hold.
-  auto peaks_in = [&](MessageMode mode) {
-    return activation_peaks(build_steps(kind, p.pp, stage, p.micro_batches, p.virtual_stages,
-                                        mode, planned_costs(c)),
-                            placement_of(c), stage, fused);
-  };
-  ActivationPeaks peaks = peaks_in(MessageMode::Grouped);
-  if (message_mode(c, device) == MessageMode::AsyncSends) {
-    const ActivationPeaks async = peaks_in(MessageMode::AsyncSends);
-    for (std::size_t k = 0; k < peaks.sets.size(); ++k) {
-      peaks.sets[k] = std::max(peaks.sets[k], async.sets[k]);
-      peaks.until_b[k] = std::max(peaks.until_b[k], async.until_b[k]);
-      peaks.from_b[k] = std::max(peaks.from_b[k], async.from_b[k]);
-    }
-  }
+  const std::vector<std::size_t> none;
+  const ActivationPeaks peaks =
+      activation_peaks(plan.steps[size_t(stage)], placement_of(c), stage, fused,
+                       plan.reusable.empty() ? none : plan.reusable[size_t(stage)]);
   for (std::size_t k = 0; k < layouts.size(); ++k) {
     const auto& bytes = layouts[k].part_bytes;
     r.activations += double(peaks.sets[k]) * double(bytes[int(Lifetime::Set)]) +
@@ -85,11 +94,18 @@ RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const Ba
   return r;
 }
 
+}  // namespace
+
+RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
+  return rank_memory(c, stage, tp_rank, be, planned_steps(c, be));
+}
+
 // Tensor-parallel ranks hold equal shards (the vocabulary is padded to split evenly).
 RankMemory predict_peak_memory(const Config& c, const BackendTraits& be) {
+  const PlannedSteps plan = planned_steps(c, be);
   RankMemory heaviest;
   for (int stage = 0; stage < c.parallel.pp; ++stage) {
-    const RankMemory r = predict_rank_memory(c, stage, 0, be);
+    const RankMemory r = rank_memory(c, stage, 0, be, plan);
     if (r.total() > heaviest.total()) heaviest = r;
   }
   return heaviest;

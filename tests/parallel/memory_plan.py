@@ -24,10 +24,8 @@ MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_le
          "train.threads=1", "train.eval_every=0", "logging.every=1", "checkpoint.dir=",
          "parallel.comm_timeout_s=60"]
 SP = ["parallel.sequence_parallel=true"]
-# Interleaved runs with grouped messages: with the CPU's sends in the background a set
-# whose input gradient is still in flight stays allocated until the peer receives it,
-# which depends on the peers' timing and is not in the plan (docs/performance.md, "The
-# planner against measured runs"); measured one set part over the plan at times.
+INTERLEAVED = ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]
+# The CPU's default sends in the background; one layout also with blocking batches.
 GROUPED = ["parallel.message_mode=grouped"]
 # name: (tp, pp, dp, micro_batches, overrides)
 CASES = {
@@ -42,10 +40,9 @@ CASES = {
     "pp2_zb_h1_full": (1, 2, 1, 4, ["parallel.schedule=zb-h1", "train.recompute=full"]),
     "pp4_1f1b_none": (1, 4, 1, 4, []),
     "pp4_zb_h1_selective": (1, 4, 1, 4, ["parallel.schedule=zb-h1", "train.recompute=selective"]),
-    "pp4_interleaved_none": (1, 4, 1, 4, GROUPED + ["parallel.schedule=interleaved",
-                                          "parallel.virtual_stages=2"]),
-    "pp4_interleaved_full": (1, 4, 1, 4, GROUPED + ["parallel.schedule=interleaved",
-                                          "parallel.virtual_stages=2", "train.recompute=full"]),
+    "pp4_interleaved_none": (1, 4, 1, 4, INTERLEAVED),
+    "pp4_interleaved_full": (1, 4, 1, 4, INTERLEAVED + ["train.recompute=full"]),
+    "pp4_interleaved_none_grouped": (1, 4, 1, 4, INTERLEAVED + GROUPED),
     "tp2_pp2_selective": (2, 2, 1, 4, ["train.recompute=selective"]),
     "dp2_zero1_full": (1, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
     "tp2_none": (2, 1, 1, 4, []),
@@ -54,9 +51,7 @@ CASES = {
     "tp2_sp_full": (2, 1, 1, 4, SP + ["train.recompute=full"]),
     "tp2_pp2_zb_h1_sp_none": (2, 2, 1, 4, SP + ["parallel.schedule=zb-h1"]),
     "tp2_pp2_zb_h1_sp_full": (2, 2, 1, 4, SP + ["parallel.schedule=zb-h1", "train.recompute=full"]),
-    "tp2_pp2_interleaved_sp_selective": (2, 2, 1, 4, SP + GROUPED + ["parallel.schedule=interleaved",
-                                                          "parallel.virtual_stages=2",
-                                                          "train.recompute=selective"]),
+    "tp2_pp2_interleaved_sp_selective": (2, 2, 1, 4, SP + INTERLEAVED + ["train.recompute=selective"]),
     "tp2_pp4_1f1b_sp_none": (2, 4, 1, 4, SP),
 }
 RENDEZVOUS_ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096",

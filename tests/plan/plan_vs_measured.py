@@ -9,7 +9,6 @@ records. Fails when memory differs by more than 5%, or, where every rank has a c
 its own, a step time by more than a factor of 2: a gross error of the model, robust to a
 noisy machine (the 15% target is a figure to read in the table, not a timed test).
 Layouts with more ranks than cores are marked oversubscribed and their time unchecked.
-A known gap is reported as such and not counted: it depends on the peers' timing.
 Usage: plan_vs_measured.py PPTRAIN CONFIG WORKDIR
 """
 import json
@@ -35,16 +34,12 @@ LAYOUTS = {
     "pp2 gpipe": (1, 2, 1, 4, ["parallel.schedule=gpipe"]),
     "pp2 1f1b": (1, 2, 1, 4, []),
     "pp2 interleaved": (1, 2, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
+    "pp2 interleaved grouped": (1, 2, 1, 4, ["parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                                             "parallel.message_mode=grouped"]),
     "pp2 zb-h1": (1, 2, 1, 4, ["parallel.schedule=zb-h1"]),
     "pp2 zb-v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "(2,2,2)": (2, 2, 2, 2, []),
 }
-
-
-# Known gaps: (layout, what) -> why. pp2 interleaved with the CPU's background sends
-# holds one set part more than its steps show: a set whose input gradient is still being
-# sent stays allocated until the peer receives it (docs/performance.md).
-KNOWN_GAPS = {("pp2 interleaved", "memory"): "a set in flight to the peer"}
 
 
 def sets(args):
@@ -96,10 +91,6 @@ def main():
         memory_ok = abs(error) <= 0.05
         time_ok = ranks > cores or 0.5 <= ratio <= 2.0
         note = "" if ranks <= cores else " (oversubscribed)"
-        gap = KNOWN_GAPS.get((name, "memory"))
-        if gap:
-            note += f" (known gap: {gap}; {'seen' if not memory_ok else 'not seen this run'})"
-            memory_ok = True
         ok = memory_ok and time_ok
         print(f"{name:24} {ranks:>5} {predicted['step_time_s']:>17.4f} {step:>9.4f} {ratio:>6.2f}"
               f" {predicted['peak_memory_mib']:>14.2f} {memory:>9.2f} {error:>+7.1%}"
