@@ -1,12 +1,13 @@
 // The emulated runtime's calls around the asynchronous streams (emulator_host_api.hpp):
 // nothing runs before it is due, host-to-device copies stage their source, the legacy
-// stream's implicit ordering, cudaFree and stream destruction, and several devices
-// (PPTRAIN_EMULATED_GPUS, device_of, a device's synchronisation).
+// stream's implicit ordering, cudaFree and stream destruction, several devices
+// (PPTRAIN_EMULATED_GPUS, device_of, a device's synchronisation), and host threads.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "emulation_test_util.hpp"
@@ -142,6 +143,27 @@ TEST(EmulatedRuntime, AllocationsStreamsAndEventsBelongToADevice) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   EXPECT_EQ(cudaFree(p), cudaSuccess);
   EXPECT_EQ(pptrain_emu::device_of(p, 1), -1);
+}
+
+TEST(EmulatedRuntime, HostThreadsShareTheQueues) {
+  // Each thread drives its own stream (and may run the others' work when it waits).
+  const Asynchronous schedule;
+  std::vector<float> results(4, 0.0f);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, &results] {
+      const OwnedStream s(cudaStreamNonBlocking);
+      const DeviceFloats x(kN), total(1);
+      for (int round = 0; round < 20; ++round) {
+        st::fill(x.p, kN, float(t), s.s);
+        st::scale_add(x.p, kN, 2.0f, 1.0f, s.s);
+        st::sum(total.p, x.p, kN, s.s);
+        EXPECT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+      }
+      results[t] = total.download()[0];
+    });
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(results[t], float(kN * (2 * t + 1))) << t;
 }
 
 // PPTRAIN_EMULATED_GPUS set to `value` (unset when null) while in scope.
