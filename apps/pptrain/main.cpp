@@ -195,6 +195,7 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
     }
     if (plan_cmd->parsed()) {
       const pptrain::Cluster cluster = pptrain::load_cluster(cluster_path);
+      plan_options.top = plan_top;
       const auto rows = pptrain::plan_layouts(config, cluster, plan_options);
       std::fputs((plan_json ? pptrain::format_plan_json(rows, plan_top)
                             : pptrain::format_plan(rows, plan_top)).c_str(), stdout);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -11,6 +13,7 @@
 #include "pipeline/schedule.hpp"
 #include "plan/time_model.hpp"
 #include "train/memory_plan.hpp"
+#include "train/session.hpp"
 
 namespace pptrain {
 
@@ -63,20 +66,80 @@ PlanRow make_row(int tp, int pp, int dp, int v, int mbs, int m, ScheduleKind kin
   return r;
 }
 
-void predict(const Config& base, const Cluster& cluster, PlanRow& r) {
+// Every stage's steps for a layout's schedule, built once for all the layouts that share
+// them (they differ in tp, recomputation, SP or ZeRO); the last few kept.
+class StepsCache {
+ public:
+  const std::vector<std::vector<Step>>& steps(const Config& c, const Cluster& cluster) {
+    const auto& p = c.parallel;
+    const Key key{int(p.schedule), p.pp, p.micro_batches, p.virtual_stages};
+    auto it = built_.find(key);
+    if (it == built_.end()) {
+      if (built_.size() >= kKept) built_.clear();
+      it = built_.emplace(key, build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages,
+                                               message_mode(c, !cluster.device.cpu),
+                                               planned_costs(c))).first;
+    }
+    return it->second;
+  }
+
+ private:
+  using Key = std::tuple<int, int, int, int>;  // schedule, pp, micro-batches, virtual stages
+  static constexpr std::size_t kKept = 8;
+  std::map<Key, std::vector<std::vector<Step>>> built_;
+};
+
+// The row's peak memory and whether it fits; then, unless `only_if_fits` and it does
+// not, its step time and what follows from it.
+void predict(const Config& base, const Cluster& cluster, PlanRow& r, StepsCache& cache,
+             bool only_if_fits = false) {
   const Config c = with_row(base, r, cluster);
+  const auto& steps = cache.steps(c, cluster);
   BackendTraits traits;
   traits.compute = cluster.device.cpu ? DType::F32 : DType::BF16;
   traits.logsumexp_attention = c.train.attention == Attention::Fused;
-  const RankMemory mem = predict_peak_memory(c, traits);
+  const RankMemory mem = predict_peak_memory(c, traits, steps);
   r.peak_memory_mib = mem.total() / (1024.0 * 1024.0);
   r.fits = r.peak_memory_mib <= (cluster.device.memory_gib - cluster.device.reserved_gib) * 1024.0;
-  const StepPrediction t = predict_step(c, cluster);
+  if (only_if_fits && !r.fits) return;
+  const StepPrediction t = predict_step(c, cluster, steps);
   r.step_time_s = t.step_time_s;
   r.bubble = t.bubble;
   r.tokens_per_s = double(tokens_per_step(c)) / t.step_time_s;
   r.tflops_per_gpu = gpt_flops_per_token(c.model) * r.tokens_per_s / cluster.world() / 1e12;
   r.mfu = r.tflops_per_gpu / cluster.device.peak_tflops;
+}
+
+// The `top` fastest rows that fit, predicting as few as it can: a row's step time is at
+// least its lower bound (time_model.hpp), so once the bound of the next row in bound
+// order exceeds the top-th best step time found, no row left can enter.
+std::vector<PlanRow> best_that_fit(const Config& base, const Cluster& cluster,
+                                   const std::vector<PlanRow>& candidates, int top) {
+  std::vector<std::pair<double, std::size_t>> order;  // bound, candidate
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (candidates[i].dropped.empty())
+      order.emplace_back(step_time_lower_bound(with_row(base, candidates[i], cluster), cluster), i);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  StepsCache cache;
+  std::vector<std::pair<std::size_t, PlanRow>> best;  // candidate index, row
+  std::vector<double> times;                          // step times of the rows that fit
+  for (const auto& [bound, i] : order) {
+    if (int(times.size()) >= top) {
+      std::nth_element(times.begin(), times.begin() + (top - 1), times.end());
+      if (bound > times[size_t(top - 1)] * (1 + 1e-9)) break;
+    }
+    PlanRow r = candidates[i];
+    predict(base, cluster, r, cache, true);
+    if (!r.fits) continue;
+    times.push_back(r.step_time_s);
+    best.emplace_back(i, r);
+  }
+  // In the order the full search lists them (candidate order before its stable sort).
+  std::sort(best.begin(), best.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<PlanRow> rows;
+  for (auto& [i, r] : best) rows.push_back(r);
+  return rows;
 }
 
 }  // namespace
@@ -95,9 +158,12 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
     PlanRow r = make_row(p.tp, p.pp, p.dp, p.virtual_stages, p.micro_batch_size, p.micro_batches,
                          p.schedule, config.train.recompute, p.sequence_parallel, p.zero);
     r.dropped = constraint(config, r);
-    if (r.dropped.empty()) predict(config, cluster, r);
+    StepsCache cache;
+    if (r.dropped.empty()) predict(config, cluster, r, cache);
     return {r};
   }
+  // Every layout the search varies, with the reason it cannot run, if any.
+  std::vector<PlanRow> candidates;
   const ScheduleKind kinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
                                 ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleV};
   for (int tp : divisors(world)) {
@@ -119,14 +185,22 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
                   if (zero == 1 && dp == 1) continue;
                   PlanRow r = make_row(tp, pp, dp, v, mbs, m, kind, rc, sp, zero);
                   r.dropped = constraint(config, r);
-                  if (r.dropped.empty()) predict(config, cluster, r);
-                  if (r.dropped.empty() ? (r.fits || options.all) : options.all) rows.push_back(r);
+                  candidates.push_back(r);
                 }
               }
             }
           }
         }
       }
+    }
+  }
+  if (options.top > 0 && !options.all) {
+    rows = best_that_fit(config, cluster, candidates, options.top);
+  } else {
+    StepsCache cache;
+    for (PlanRow& r : candidates) {
+      if (r.dropped.empty()) predict(config, cluster, r, cache);
+      if (r.dropped.empty() ? (r.fits || options.all) : options.all) rows.push_back(r);
     }
   }
   std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {

@@ -27,10 +27,12 @@ struct PlanOptions {
   bool this_layout = false;      // only the config's own layout
   bool all = false;              // also rows that do not fit, and dropped layouts
   bool tp_across_nodes = false;  // let tp groups span nodes
+  int top = 0;                   // > 0 (without `all`): only the best `top` rows are wanted
 };
 
 // Rows ranked: layouts that fit by predicted tokens/s, then (with `all`) those that do
-// not, then the dropped ones with their reason.
+// not, then the dropped ones with their reason. With `top`, the first `top` rows are
+// those of the full search, found without predicting layouts that cannot be among them.
 std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
                                   const PlanOptions& options);
 

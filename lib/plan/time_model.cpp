@@ -186,18 +186,14 @@ void resolve_layer_split(Config& cfg) {
   cfg.parallel.layers_per_stage.counts = balance_layers(cfg, here);
 }
 
-StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
-  const auto& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
-  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
-  const DeviceSpec& d = cluster.device;
-  const Shape s = shape_of(cfg, cluster);
-  const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
-  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+namespace {
 
-  const Placement placement = placement_of(cfg);
+// Each virtual stage's F, B and W seconds for one micro-batch: its layers, plus the
+// embedding on the first and the head on the last.
+std::vector<StageCosts> virtual_stage_costs(const Config& cfg, const Shape& s) {
+  const auto& p = cfg.parallel;
   const int parts = p.pp * p.virtual_stages;
-  const auto ranges = split_layers(m.n_layer, parts, p.layers_per_stage);
+  const auto ranges = split_layers(cfg.model.n_layer, parts, p.layers_per_stage);
   const StageCosts layer = layer_costs(s, cfg.train.recompute);
   std::vector<StageCosts> costs;
   for (int k = 0; k < parts; ++k) {
@@ -206,20 +202,18 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
     if (k == parts - 1) c = c + head_costs(s);
     costs.push_back(c);
   }
-  const double message = s.rows * s.C * s.e;
-  const double p2p = message / (pp_link.gbps * 1e9) + pp_link.latency_us * 1e-6;
-  const MessageMode mode = message_mode(cfg, !d.cpu);
-  const auto steps = build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages, mode,
-                                     planned_costs(cfg));
-  const SimulationResult sim = simulate_steps_timed(steps, placement, p.micro_batches, mode, costs, p2p);
+  return costs;
+}
 
-  StepPrediction r;
-  r.pipeline_s = sim.makespan;
-  r.bubble = sim.bubble;
-  for (int c = 0; c < p.virtual_stages; ++c) {
-    const StageCosts& k = costs[size_t(placement.virtual_stage(0, c))];
-    r.first_stage = r.first_stage + k;
-  }
+// What follows the schedule: the exposed data-parallel and tied-embedding reductions,
+// and the optimizer step, into r.
+void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s, StepPrediction& r) {
+  const auto& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  const DeviceSpec& d = cluster.device;
+  const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
+  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+  const Placement placement = placement_of(cfg);
   // The heaviest stage's parameters: its gradients are reduced over dp.
   double params = 0;
   for (int stage = 0; stage < p.pp; ++stage) {
@@ -227,6 +221,7 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
     params = std::max(params, double(gpt_param_layout(m, part).total_floats()));
   }
   const double grad_bytes = 4 * params;
+  r.dp_exposed_s = 0;
   if (p.dp > 1) {
     // Buckets per chunk overlap the rest of the backward; the last one does not. ZeRO-1
     // reduce-scatters after the schedule and all-gathers the updated parameters.
@@ -241,8 +236,60 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
   const double shard = p.zero == 1 ? params / p.dp : params;
   r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
                   2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
+  const auto& p = cfg.parallel;
+  return predict_step(cfg, cluster,
+                      build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages,
+                                      message_mode(cfg, !cluster.device.cpu), planned_costs(cfg)));
+}
+
+StepPrediction predict_step(const Config& cfg, const Cluster& cluster,
+                            const std::vector<std::vector<Step>>& steps) {
+  const auto& p = cfg.parallel;
+  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  const Shape s = shape_of(cfg, cluster);
+  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+  const Placement placement = placement_of(cfg);
+  const std::vector<StageCosts> costs = virtual_stage_costs(cfg, s);
+  const double message = s.rows * s.C * s.e;
+  const double p2p = message / (pp_link.gbps * 1e9) + pp_link.latency_us * 1e-6;
+  const MessageMode mode = message_mode(cfg, !cluster.device.cpu);
+  const SimulationResult sim = simulate_steps_timed(steps, placement, p.micro_batches, mode, costs, p2p);
+
+  StepPrediction r;
+  r.pipeline_s = sim.makespan;
+  r.bubble = sim.bubble;
+  for (int c = 0; c < p.virtual_stages; ++c) {
+    const StageCosts& k = costs[size_t(placement.virtual_stage(0, c))];
+    r.first_stage = r.first_stage + k;
+  }
+  after_schedule(cfg, cluster, s, r);
   r.step_time_s = r.pipeline_s + r.dp_exposed_s + r.optimizer_s;
   return r;
+}
+
+double step_time_lower_bound(const Config& cfg, const Cluster& cluster) {
+  const auto& p = cfg.parallel;
+  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  const Shape s = shape_of(cfg, cluster);
+  const Placement placement = placement_of(cfg);
+  const std::vector<StageCosts> costs = virtual_stage_costs(cfg, s);
+  double busiest = 0;  // a stage runs its F, B and W one after another
+  for (int stage = 0; stage < p.pp; ++stage) {
+    double busy = 0;
+    for (int c = 0; c < p.virtual_stages; ++c) {
+      const StageCosts& k = costs[size_t(placement.virtual_stage(stage, c))];
+      busy += p.micro_batches * (k.forward + k.backward_input + k.backward_weight);
+    }
+    busiest = std::max(busiest, busy);
+  }
+  StepPrediction r;
+  after_schedule(cfg, cluster, s, r);
+  return busiest + r.dp_exposed_s + r.optimizer_s;
 }
 
 }  // namespace pptrain

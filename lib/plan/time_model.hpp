@@ -23,6 +23,13 @@ struct StepPrediction {
 // `config`'s layout (parallel.*, train.recompute, sequence parallelism) on `cluster`,
 // whose world size must be the layout's.
 StepPrediction predict_step(const Config& config, const Cluster& cluster);
+// The same with every stage's steps already built (build_all_steps for the config's
+// schedule in the cluster's message mode), as the planner shares them.
+StepPrediction predict_step(const Config& config, const Cluster& cluster,
+                            const std::vector<std::vector<Step>>& steps);
+// A bound predict_step's step time is never below, without running the schedule: the
+// busiest stage's F, B and W for every micro-batch, then what follows the schedule.
+double step_time_lower_bound(const Config& config, const Cluster& cluster);
 
 // The layers of each of the pp * virtual_stages virtual stages that make the slowest one's
 // F + B + W (one micro-batch) as small as it can be, counting the embedding on the first

@@ -25,22 +25,28 @@ ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
 
 namespace {
 
+MessageMode run_mode(const Config& c, const BackendTraits& be) {
+  return message_mode(c, be.compute != DType::F32 || c.device == Device::Cuda);
+}
+
+std::vector<std::vector<Step>> run_steps(const Config& c, const BackendTraits& be) {
+  const ParallelConfig& p = c.parallel;
+  return build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages, run_mode(c, be),
+                         planned_costs(c));
+}
+
 // The steps every stage runs in the run's message mode and, for sends left to complete
 // in the background, the step from which the rank reuses the sets they read.
 struct PlannedSteps {
-  std::vector<std::vector<Step>> steps;
+  const std::vector<std::vector<Step>>& steps;
   std::vector<std::vector<std::size_t>> reusable;  // empty with blocking batches
 };
 
-PlannedSteps planned_steps(const Config& c, const BackendTraits& be) {
-  const ParallelConfig& p = c.parallel;
-  const bool device = be.compute != DType::F32 || c.device == Device::Cuda;
-  const MessageMode mode = message_mode(c, device);
-  PlannedSteps plan;
-  plan.steps = build_all_steps(p.schedule, p.pp, p.micro_batches, p.virtual_stages, mode,
-                               planned_costs(c));
-  if (mode == MessageMode::AsyncSends)
-    plan.reusable = sends_waitable_from(plan.steps, placement_of(c));
+PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
+                           const std::vector<std::vector<Step>>& steps) {
+  PlannedSteps plan{steps, {}};
+  if (run_mode(c, be) == MessageMode::AsyncSends)
+    plan.reusable = sends_waitable_from(steps, placement_of(c));
   return plan;
 }
 
@@ -94,21 +100,31 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   return r;
 }
 
-}  // namespace
-
-RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
-  return rank_memory(c, stage, tp_rank, be, planned_steps(c, be));
-}
-
 // Tensor-parallel ranks hold equal shards (the vocabulary is padded to split evenly).
-RankMemory predict_peak_memory(const Config& c, const BackendTraits& be) {
-  const PlannedSteps plan = planned_steps(c, be);
+RankMemory heaviest_rank(const Config& c, const BackendTraits& be, const PlannedSteps& plan) {
   RankMemory heaviest;
   for (int stage = 0; stage < c.parallel.pp; ++stage) {
     const RankMemory r = rank_memory(c, stage, 0, be, plan);
     if (r.total() > heaviest.total()) heaviest = r;
   }
   return heaviest;
+}
+
+}  // namespace
+
+RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
+  const auto steps = run_steps(c, be);
+  return rank_memory(c, stage, tp_rank, be, planned_steps(c, be, steps));
+}
+
+RankMemory predict_peak_memory(const Config& c, const BackendTraits& be) {
+  const auto steps = run_steps(c, be);
+  return heaviest_rank(c, be, planned_steps(c, be, steps));
+}
+
+RankMemory predict_peak_memory(const Config& c, const BackendTraits& be,
+                               const std::vector<std::vector<Step>>& steps) {
+  return heaviest_rank(c, be, planned_steps(c, be, steps));
 }
 
 }  // namespace pptrain

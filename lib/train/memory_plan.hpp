@@ -5,6 +5,7 @@
 #include "config/config.hpp"
 #include "core/dtype.hpp"
 #include "model/activation_table.hpp"
+#include "pipeline/schedule.hpp"
 
 namespace pptrain {
 
@@ -37,5 +38,9 @@ RankMemory predict_rank_memory(const Config& config, int stage, int tp_rank,
                                const BackendTraits& backend);
 // The heaviest rank's.
 RankMemory predict_peak_memory(const Config& config, const BackendTraits& backend);
+// The same with the steps every stage runs already built (build_all_steps for the
+// config's schedule, in the run's message mode), as the planner shares them.
+RankMemory predict_peak_memory(const Config& config, const BackendTraits& backend,
+                               const std::vector<std::vector<Step>>& steps);
 
 }  // namespace pptrain

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "model/gpt.hpp"
@@ -168,6 +169,39 @@ TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
   }
   EXPECT_TRUE(fits_seen);
   EXPECT_EQ(kinds.size(), 5u);
+}
+
+TEST(TimeModel, LowerBoundIsBelowThePrediction) {
+  Config c = small_model();
+  for (auto [tp, pp, dp, kind, v] :
+       {std::tuple{1, 2, 4, ScheduleKind::OneFOneB, 1}, {2, 2, 2, ScheduleKind::Interleaved, 2},
+        {1, 4, 2, ScheduleKind::ZeroBubbleV, 2}, {4, 2, 1, ScheduleKind::GPipe, 1}}) {
+    c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp;
+    c.parallel.schedule = kind, c.parallel.virtual_stages = v;
+    c.parallel.micro_batches = 16 / dp, c.parallel.micro_batch_size = 1;
+    const double bound = step_time_lower_bound(c, gpus(2, 4));
+    EXPECT_GT(bound, 0);
+    EXPECT_LE(bound, predict_step(c, gpus(2, 4)).step_time_s * (1 + 1e-12)) << name_of(kind);
+  }
+}
+
+TEST(Planner, TopRowsAreTheFullSearchsFirst) {
+  const Config c = small_model();
+  const Cluster cluster = gpus(2, 4);
+  const std::vector<PlanRow> full = plan_layouts(c, cluster, {});
+  for (int top : {1, 3, 10}) {
+    PlanOptions options;
+    options.top = top;
+    const std::vector<PlanRow> rows = plan_layouts(c, cluster, options);
+    ASSERT_GE(rows.size(), size_t(top));
+    for (int i = 0; i < top; ++i) {
+      EXPECT_EQ(rows[size_t(i)].step_time_s, full[size_t(i)].step_time_s) << top << " " << i;
+      EXPECT_EQ(rows[size_t(i)].schedule, full[size_t(i)].schedule);
+      EXPECT_EQ(rows[size_t(i)].tp, full[size_t(i)].tp);
+      EXPECT_EQ(rows[size_t(i)].micro_batch_size, full[size_t(i)].micro_batch_size);
+    }
+    EXPECT_LT(rows.size(), full.size());
+  }
 }
 
 TEST(Planner, ThisLayoutAndWhatDoesNotFit) {
