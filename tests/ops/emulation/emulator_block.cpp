@@ -1,5 +1,10 @@
 // The CUDA emulator's block scheduler: fibers, barriers, warp collectives, shared
 // memory, and the checks after each block (emulator_block.hpp).
+//
+// A fiber starts with setcontext on its own stack and then switches with _setjmp and
+// _longjmp, which unlike swapcontext save no signal mask: no system call per switch,
+// and a kernel's threads switch at every barrier and warp collective.
+#undef _FORTIFY_SOURCE  // its longjmp check refuses a jump to another stack
 #include "emulator_block.hpp"
 
 #include <sys/mman.h>
@@ -98,7 +103,7 @@ void Launch::suspend(Fiber::State s, const char* what, std::source_location w) {
   Fiber& f = fiber();
   if (s == Fiber::State::Runnable) make_runnable(running_);
   f.state = s, f.waiting = what, f.where = w;
-  swapcontext(&f.context, &host_);
+  if (_setjmp(f.resume) == 0) _longjmp(host_, 1);
 }
 
 void Launch::release_block() {
@@ -197,7 +202,7 @@ void Launch::entry() {
     L->error_ = "unknown exception";
   }
   L->fiber().state = Fiber::State::Done;
-  // Returning resumes the scheduler (uc_link).
+  _longjmp(L->host_, 1);  // back to the scheduler; this stack is not resumed
 }
 
 void Launch::run_block(UInt3 block, std::size_t linear) {
@@ -215,7 +220,7 @@ void Launch::run_block(UInt3 block, std::size_t linear) {
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = stacks_.top(i) - kStackBytes;
     f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &host_;
+    f.context.uc_link = nullptr;  // entry never returns
     makecontext(&f.context, &Launch::entry, 0);
   }
   for (std::size_t w = 0; w < warps_.size(); ++w) {
@@ -232,8 +237,15 @@ void Launch::run_block(UInt3 block, std::size_t linear) {
   gridDim = config_.grid;
   for (int i = next_runnable(); i >= 0; i = next_runnable()) {
     running_ = i;
-    threadIdx = fibers_[i].tid;
-    swapcontext(&host_, &fibers_[i].context);
+    Fiber& f = fibers_[i];
+    threadIdx = f.tid;
+    if (_setjmp(host_) == 0) {
+      if (!f.started) {
+        f.started = true;
+        setcontext(&f.context);
+      }
+      _longjmp(f.resume, 1);
+    }
     if (!error_.empty()) throw std::runtime_error(error_);
   }
   if (live_ > 0) deadlock();

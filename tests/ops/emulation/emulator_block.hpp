@@ -7,6 +7,8 @@
 #pragma once
 #include <ucontext.h>
 
+#include <csetjmp>
+
 #include <cstddef>
 #include <cstdint>
 #include <source_location>
@@ -48,7 +50,9 @@ class Stacks {
 
 struct Fiber {
   enum class State { Runnable, AtBarrier, InWarpOp, Done };
-  ucontext_t context;
+  ucontext_t context;  // its start (entry on its own stack)
+  std::jmp_buf resume;  // where it suspended
+  bool started = false;
   UInt3 tid;
   int warp = 0, lane = 0;
   State state = State::Runnable;
@@ -123,7 +127,7 @@ class Launch {
   KernelBody body_;
   ScheduleOrder order_;
   Stacks& stacks_;
-  ucontext_t host_;    // the scheduler's context
+  std::jmp_buf host_;  // the scheduler, while a fiber runs
   std::string error_;  // what a fiber threw
   int threads_ = 0, live_ = 0, arrived_ = 0, running_ = -1;
   bool descending_ = false;
