@@ -17,7 +17,9 @@ if torch_python=$(scripts/torch_env.sh build/torch-venv); then
 else
   echo "PyTorch/transformers unavailable: the export test checks with numpy only"
 fi
-scripts/setup.sh
+# The tests also build pptrain-emulated, the CUDA path on the CPU emulator of the CUDA
+# runtime, cuBLASLt and NCCL (ctest -L emulated_gpu).
+scripts/setup.sh -DPPTRAIN_EMULATED_GPU=ON
 # No message is buffered: every multi-rank test runs with Open MPI's eager limits forced
 # down, so a send completes only once its receive is posted and any schedule that could
 # deadlock does.

@@ -48,7 +48,8 @@ FUSED = {"tp2_fused_bf16": ("tp2", "bf16")}
 # The model: 4 layers, d_model 32, seq_len 16; a step is 8 sequences of 16 tokens.
 MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len=16",
          "model.vocab_size=64", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
-         "train.threads=1", "train.eval_every=0", "train.warmup_steps=1", "logging.every=1",
+         "train.threads=1", "train.eval_every=0", "train.eval_batches=1", "train.warmup_steps=1",
+         "logging.every=1",
          "checkpoint.dir=", "parallel.comm_timeout_s=120"]
 ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096", OMPI_MCA_btl_self_eager_limit="4096",
            PPTRAIN_EMULATED_GPUS="8")
