@@ -124,12 +124,20 @@ class Trials:
             if rc != 0:
                 fail(f"the uninterrupted {name} run exited {rc}:\n{out[-2000:]}")
             whole = losses(f"{self.work}/sig_{name}_whole/metrics.jsonl")
-            delays = [0.02, 0.15] + [rng.uniform(0.2, 2.5) for _ in range(2)]
+            # The first signal comes as soon as the handlers are in place (a signal
+            # before that, while the loader maps the libraries, has the default action).
+            delays = [None, 0.15] + [rng.uniform(0.2, 2.5) for _ in range(2)]
             for i, delay in enumerate(delays):
                 sig = (signal.SIGTERM, signal.SIGUSR1)[i % 2]
                 run = f"{name}_{i}"
                 job = self.start(f"sig_{run}", settings(run))
-                time.sleep(delay)
+                started = time.time()
+                if delay is None:
+                    while not catches(job.pid, sig) and time.time() - started < 30:
+                        time.sleep(0.001)
+                    delay = time.time() - started
+                else:
+                    time.sleep(delay)
                 job.proc.send_signal(sig)
                 rc = job.wait(120)
                 stopped = rc
@@ -248,6 +256,16 @@ class Trials:
                     "at step 2" not in out:
                 fail(f"{damage}: resume did not fall back to step 2 (exit {rc}):\n{out[-2000:]}")
         print("a flipped weight byte and an edited meta.json: each falls back to the older step")
+
+
+def catches(pid, sig):
+    """Whether process pid has a handler for sig (its SigCgt mask)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(l.split()[1], 16) for l in f if l.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
 
 
 def stopped_at(log):
