@@ -9,6 +9,8 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ops_test_util.hpp"
@@ -252,6 +254,114 @@ TEST(OpsDeterminism, RepeatedCallsAreBitIdentical) {
     } else {
       EXPECT_TRUE(same_bits(all, first)) << "repeat " << rep;
     }
+  }
+}
+
+// Every op with shapes that take its threaded paths (several row, element, column and
+// norm blocks; GEMMs that OpenBLAS would thread), on 1, 2 and 3 threads: the same bits.
+// GEMMs threaded by OpenBLAS itself differed in the last bits (its kernels for an AVX2
+// AMD Zen CPU).
+TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
+  const int B = 4, T = 64, C = 192, NH = 4, N = B * T, V = 250, Vp = 256;
+  const std::vector<float> x = randn(N * 4 * C, 40), y = randn(N * 4 * C, 41);
+  const std::vector<float> w = randn(C * 4 * C, 42, 0.1f), c0 = randn(N * 4 * C, 43);
+  const std::vector<float> ln_w = randn(C, 44), ln_b = randn(C, 45);
+  const std::vector<float> qkv = randn(N * 3 * C, 46), logits = randn(N * Vp, 47, 2.0f);
+  std::vector<int32_t> tokens(N);
+  for (int i = 0; i < N; ++i) tokens[i] = (i * 37) % V;
+
+  // Each op's outputs, named, on one thread count.
+  auto run = [&](int threads) {
+    CpuOps ops(threads);
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f}) {
+          std::vector<float> c(c0.begin(), c0.begin() + N * C);
+          ops.gemm(ta, tb, N, C, C, 0.5f, x.data(), w.data(), beta, c.data());
+          out.emplace_back("gemm ta " + std::to_string(ta) + " tb " + std::to_string(tb) +
+                               (beta != 0.0f ? " beta 1" : " beta 0"),
+                           c);
+        }
+    std::vector<float> dw(c0.begin(), c0.begin() + 3 * C * C);
+    ops.linear_weight_grad(dw.data(), x.data(), y.data(), N, C, 3 * C);
+    out.emplace_back("linear_weight_grad", dw);
+    std::vector<float> db(c0.begin(), c0.begin() + 4 * C);
+    ops.bias_backward(db.data(), y.data(), N, 4 * C);
+    out.emplace_back("bias_backward", db);
+
+    std::vector<float> ln(N * C), mean(N), rstd(N), dx(c0.begin(), c0.begin() + N * C);
+    std::vector<float> dlw(C, 0.0f), dlb(C, 0.0f);
+    ops.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), ln_w.data(),
+                          ln_b.data(), N, C);
+    ops.layernorm_backward_input(dx.data(), y.data(), x.data(), ln_w.data(), mean.data(),
+                                 rstd.data(), N, C);
+    ops.layernorm_backward_weight(dlw.data(), dlb.data(), y.data(), x.data(), mean.data(),
+                                  rstd.data(), N, C);
+    out.emplace_back("layernorm_forward", ln);
+    out.emplace_back("layernorm_forward mean", mean);
+    out.emplace_back("layernorm_forward rstd", rstd);
+    out.emplace_back("layernorm_backward_input", dx);
+    out.emplace_back("layernorm_backward_weight dw", dlw);
+    out.emplace_back("layernorm_backward_weight db", dlb);
+
+    std::vector<float> g(x.size()), dg(x.size()), sum(x.size());
+    ops.gelu_forward(g.data(), x.data(), x.size());
+    ops.gelu_backward(dg.data(), x.data(), y.data(), x.size());
+    ops.add(sum.data(), x.data(), y.data(), x.size());
+    out.emplace_back("gelu_forward", g);
+    out.emplace_back("gelu_backward", dg);
+    out.emplace_back("add", sum);
+
+    for (bool blocked : {false, true}) {
+      std::vector<float> o(N * C), state(blocked ? B * NH * T : B * NH * T * T);
+      std::vector<float> dqkv(qkv.size(), 0.0f);
+      if (blocked) {
+        ops.attention_forward_blocked(o.data(), state.data(), qkv.data(), B, T, C, NH);
+        ops.attention_backward_blocked(dqkv.data(), y.data(), qkv.data(), o.data(), state.data(),
+                                       B, T, C, NH);
+      } else {
+        ops.attention_forward(o.data(), state.data(), qkv.data(), B, T, C, NH);
+        ops.attention_backward(dqkv.data(), y.data(), qkv.data(), state.data(), B, T, C, NH);
+      }
+      out.emplace_back(blocked ? "attention_forward_blocked" : "attention_forward", o);
+      out.emplace_back(blocked ? "attention_backward_blocked" : "attention_backward", dqkv);
+    }
+
+    std::vector<float> losses(N), dlogits(logits.size());
+    ops.cross_entropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, Vp,
+                      1.0f / N);
+    out.emplace_back("cross_entropy losses", losses);
+    out.emplace_back("cross_entropy dlogits", dlogits);
+
+    std::vector<float> emb(N * C), dwte(Vp * C, 0.0f), dwpe(T * C, 0.0f);
+    ops.embedding_forward(emb.data(), tokens.data(), x.data(), 0, Vp, y.data(), B, T, C);
+    ops.embedding_backward(dwte.data(), dwpe.data(), x.data(), tokens.data(), 0, Vp, B, T, C);
+    out.emplace_back("embedding_forward", emb);
+    out.emplace_back("embedding_backward dwte", dwte);
+    out.emplace_back("embedding_backward dwpe", dwpe);
+
+    const double sq = ops.sum_squares({{x.data(), x.size()}, {y.data(), y.size()}});
+    std::vector<float> sq_bits(2);
+    std::memcpy(sq_bits.data(), &sq, sizeof sq);
+    out.emplace_back("sum_squares", sq_bits);
+
+    std::vector<float> p(w), m(w.size(), 0.01f), v(w.size(), 0.001f);
+    const AdamWStep h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 10.0f, 20.0f, 0.5f};
+    ops.adamw(p.data(), nullptr, y.data(), m.data(), v.data(), p.size(), h);
+    out.emplace_back("adamw params", p);
+    out.emplace_back("adamw m", m);
+    out.emplace_back("adamw v", v);
+    return out;
+  };
+
+  const auto one = run(1);
+  for (int threads : {2, 3}) {
+    const auto many = run(threads);
+    ASSERT_EQ(many.size(), one.size());
+    for (std::size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(same_bits(many[i].second, one[i].second))
+          << one[i].first << " on " << threads << " threads";
   }
 }
 

@@ -1,12 +1,14 @@
 // CPU backend: construction, GEMM (OpenBLAS), bias, embedding and elementwise ops.
 // Loops run on OpenMP threads (the pool OpenBLAS uses too). Each output element is
-// computed by one thread in a fixed order, so no result depends on the thread count.
+// computed by one thread in a fixed order, so no result depends on the thread count;
+// GEMMs too: fixed tiles, each one single-threaded OpenBLAS call.
 #include "ops/cpu/cpu_ops.hpp"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -37,6 +39,33 @@ double* CpuOps::double_scratch(std::size_t n) {
   return dscratch_.data();
 }
 
+namespace {
+// GEMM output tiles. OpenBLAS's threads split C by the thread count, and its kernels add
+// an element's K products in an order that depends on the element's place in the block
+// a thread computes (e.g. the last rows of a block take an edge path), so its threaded
+// product differs in the last bits between thread counts. Instead C is cut into tiles
+// fixed by the shape alone, each one single-threaded OpenBLAS call over the whole K:
+// about kGemmTiles of them (enough to balance a few threads), as square as the shape
+// allows (a call packs its rows of A and columns of B, so a squarer tile packs less per
+// product), no side under 64 unless the matrix's is, sides multiples of 16.
+constexpr int kGemmTiles = 16;
+
+struct GemmTile {
+  int rows, cols;
+};
+GemmTile gemm_tile(int M, int N) {
+  const int most_r = std::max(1, M / 64), most_c = std::max(1, N / 64);
+  // r row and c column parts: r / c about M / N, r * c about kGemmTiles.
+  int r = std::clamp(int(std::lround(std::sqrt(double(kGemmTiles) * M / N))), 1, most_r);
+  const int c = std::clamp((kGemmTiles + r - 1) / r, 1, most_c);
+  r = std::clamp((kGemmTiles + c - 1) / c, 1, most_r);
+  auto side = [](int n, int parts) {
+    return std::min(n, ((n + parts - 1) / parts + 15) / 16 * 16);
+  };
+  return {side(M, r), side(N, c)};
+}
+}  // namespace
+
 void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                   const float* B, float beta, float* C) {
   PPTRAIN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size");
@@ -44,8 +73,23 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
   // BLAS rejects a leading dimension of 0 even when the matrix is empty (K == 0).
   const int lda = std::max(1, trans_a ? M : K);
   const int ldb = std::max(1, trans_b ? K : N);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
+  const GemmTile tile = gemm_tile(M, N);
+  const int tile_cols = (N + tile.cols - 1) / tile.cols;
+  const int tiles = (M + tile.rows - 1) / tile.rows * tile_cols;
+  // Always a parallel region (even for one tile): OpenBLAS's OpenMP build runs a call
+  // made inside an active region on the calling thread, and with one thread in the pool
+  // it runs single-threaded anyway.
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < tiles; ++t) {
+    const int i0 = t / tile_cols * tile.rows, j0 = t % tile_cols * tile.cols;
+    const int m = std::min(tile.rows, M - i0), n = std::min(tile.cols, N - j0);
+    // Rows i0.. of op(A) and columns j0.. of op(B), whichever way each is stored.
+    const float* a = A + (trans_a ? std::size_t(i0) : std::size_t(i0) * lda);
+    const float* b = B + (trans_b ? std::size_t(j0) * ldb : std::size_t(j0));
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, beta,
+                C + std::size_t(i0) * N + j0, N);
+  }
 }
 
 void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin,
