@@ -13,17 +13,6 @@
 namespace pptrain {
 namespace {
 
-// A message's name, the same on both of its ends: sender, receiver, kind (0 activation,
-// 1 gradient), microbatch, receiver's chunk.
-using MessageKey = std::tuple<int, int, int, int, int>;
-
-MessageKey message_name(const Placement& placement, int s, const Action& a) {
-  const ChunkLocation peer = message_peer(placement, s, a);
-  const int kind = (a.op == Op::SendForward || a.op == Op::RecvForward) ? 0 : 1;
-  return is_send(a.op) ? MessageKey{s, peer.stage, kind, a.microbatch, peer.chunk}
-                       : MessageKey{peer.stage, s, kind, a.microbatch, a.chunk};
-}
-
 // Start times of every compute action on the nominal clock: each stage runs its computes
 // in list order, each taking its chunk's share of one unit, as soon as the stage is free
 // and what it needs has ended. A message is available once the compute before its send
@@ -42,7 +31,7 @@ class NominalClock {
           computes[size_t(s)].push_back(a);
           before = &a;
         } else if (is_send(a.op) && before) {
-          sent_after_[message_name(placement, s, a)] = key(s, *before);
+          sent_after_[message_key(placement, s, a)] = key(s, *before);
         }
       }
       total += computes[size_t(s)].size();
@@ -83,7 +72,7 @@ class NominalClock {
   }
   // When the message that (stage s, receive `receive` of a's unit) needs is sent.
   std::optional<double> arrival(int s, Op receive, const Action& a) const {
-    const auto it = sent_after_.find(message_name(placement_, s, {receive, a.microbatch, a.chunk}));
+    const auto it = sent_after_.find(message_key(placement_, s, {receive, a.microbatch, a.chunk}));
     if (it == sent_after_.end()) return std::nullopt;
     return end(it->second);
   }
@@ -156,7 +145,7 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
       }
       const double round = is_send(a.op) ? clock.start(peer.stage, {consumer, a.microbatch, peer.chunk})
                                       : clock.start(s, {consumer, a.microbatch, a.chunk});
-      rounds[round][message_name(placement, s, a)] = a;
+      rounds[round][message_key(placement, s, a)] = a;
     }
     // Each round's batch goes before the first compute that starts at or after it.
     std::vector<Step>& steps = out[size_t(s)];

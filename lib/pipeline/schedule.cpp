@@ -67,6 +67,13 @@ ChunkLocation message_peer(const Placement& placement, int stage, const Action& 
   return towards_next ? placement.next(stage, a.chunk) : placement.previous(stage, a.chunk);
 }
 
+MessageKey message_key(const Placement& placement, int stage, const Action& a) {
+  const ChunkLocation peer = message_peer(placement, stage, a);
+  const int kind = (a.op == Op::SendForward || a.op == Op::RecvForward) ? 0 : 1;
+  return is_send(a.op) ? MessageKey{stage, peer.stage, kind, a.microbatch, peer.chunk}
+                       : MessageKey{peer.stage, stage, kind, a.microbatch, a.chunk};
+}
+
 bool is_local_send(const Placement& placement, int stage, const Action& a) {
   return is_send(a.op) && message_peer(placement, stage, a).stage == stage;
 }

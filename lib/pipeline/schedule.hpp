@@ -5,6 +5,7 @@
 // ranks' steps together to prove them.
 #pragma once
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/choices.hpp"
@@ -57,6 +58,10 @@ inline bool is_compute(Op op) { return !is_send(op) && !is_receive(op); }
 // Where a send goes or a receive comes from: the neighbouring virtual stage's location
 // (activations go to the next virtual stage, gradients to the previous one).
 ChunkLocation message_peer(const Placement& placement, int stage, const Action& a);
+// A message's name, the same at both of its ends: sender stage, receiver stage, kind (0
+// activation, 1 gradient), micro-batch, receiver's chunk.
+using MessageKey = std::tuple<int, int, int, int, int>;
+MessageKey message_key(const Placement& placement, int stage, const Action& a);
 // A send whose peer is on the same stage: a local copy, never a message.
 bool is_local_send(const Placement& placement, int stage, const Action& a);
 

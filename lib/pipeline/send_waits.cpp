@@ -10,17 +10,6 @@
 namespace pptrain {
 namespace {
 
-// A message's name, the same at both of its ends: sender, receiver, kind (0 activation,
-// 1 gradient), microbatch, receiver's chunk.
-using Name = std::tuple<int, int, int, int, int>;
-
-Name message_name(const Placement& placement, int s, const Action& a) {
-  const ChunkLocation peer = message_peer(placement, s, a);
-  const int kind = (a.op == Op::SendForward || a.op == Op::RecvForward) ? 0 : 1;
-  return is_send(a.op) ? Name{s, peer.stage, kind, a.microbatch, peer.chunk}
-                       : Name{peer.stage, s, kind, a.microbatch, a.chunk};
-}
-
 bool posts_messages(const Step& step) {
   return step.kind == Step::Messages || step.kind == Step::PostSends;
 }
@@ -38,15 +27,15 @@ std::vector<std::vector<std::size_t>> sends_waitable_from(const std::vector<std:
   if (int(steps.size()) != pp)
     throw std::invalid_argument("sends_waitable_from: needs one list of steps per stage");
   // Both ends of every message.
-  std::map<Name, Slot> sent, received;
+  std::map<MessageKey, Slot> sent, received;
   for (int s = 0; s < pp; ++s)
     for (std::size_t i = 0; i < steps[size_t(s)].size(); ++i)
       if (posts_messages(steps[size_t(s)][i]))
         for (const Action& a : steps[size_t(s)][i].actions)
-          (is_send(a.op) ? sent : received)[message_name(placement, s, a)] = {s, i};
+          (is_send(a.op) ? sent : received)[message_key(placement, s, a)] = {s, i};
   auto other_end = [&](int s, const Action& a) {
     const auto& ends = is_send(a.op) ? received : sent;
-    const auto it = ends.find(message_name(placement, s, a));
+    const auto it = ends.find(message_key(placement, s, a));
     if (it == ends.end())
       throw std::logic_error("sends_waitable_from: stage " + std::to_string(s) + ": " +
                              to_string(a) + " is never matched");
