@@ -82,15 +82,15 @@ bool runnable(const Queue& q) {
 // items wait for.
 std::map<Queue*, std::uint64_t> needed(const std::vector<Mark>& targets) {
   std::map<Queue*, std::uint64_t> upto;
-  std::vector<Mark> todo(targets);
-  while (!todo.empty()) {
-    const Mark m = todo.back();
-    todo.pop_back();
+  std::vector<Mark> to_visit(targets);
+  while (!to_visit.empty()) {
+    const Mark m = to_visit.back();
+    to_visit.pop_back();
     if (m.done()) continue;
     Queue& q = *m.queue;
     const auto it = upto.try_emplace(&q, q.completed).first;
     for (std::uint64_t i = it->second; i < m.position; ++i)
-      for (const Mark& a : q.items[i - q.completed].after) todo.push_back(a);
+      for (const Mark& a : q.items[i - q.completed].after) to_visit.push_back(a);
     it->second = std::max(it->second, m.position);
   }
   return upto;
