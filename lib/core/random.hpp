@@ -2,7 +2,7 @@
 // stream, index), never of call order or rank layout. This is what makes data
 // order and initialisation identical across parallel layouts and on resume.
 #pragma once
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -31,12 +31,15 @@ inline uint64_t hash_string(std::string_view s) {
 // Uniform double in [0, 1) from a 64-bit key.
 inline double uniform01(uint64_t key) { return double(mix64(key) >> 11) * 0x1.0p-53; }
 
-// Standard normal from a 64-bit key (Box-Muller on two derived uniforms).
-inline double standard_normal(uint64_t key) {
-  double u1 = uniform01(key ^ 0x5851F42D4C957F2Dull);
-  double u2 = uniform01(key ^ 0x14057B7EF767814Full);
-  if (u1 < 1e-300) u1 = 1e-300;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
+// Standard normal from a 64-bit key: Box-Muller on two uniforms derived from the key,
+// sqrt(-2 log u1) cos(2 pi u2), with log and cos computed in double by random.cpp's own
+// polynomials (within a few units in the last place of the C library's), so every
+// machine draws the same bits.
+double standard_normal(uint64_t key);
+
+// out[k] = float(scale * standard_normal(hash_words(stream, first + k))) for k < count:
+// the same bits as that loop, vectorised.
+void fill_standard_normal(uint64_t stream, uint64_t first, std::size_t count, double scale,
+                          float* out);
 
 }  // namespace pptrain

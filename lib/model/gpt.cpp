@@ -37,8 +37,8 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
       tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
           batch * model.seq_len),
       layout_(gpt_param_layout(model, part)),
-      params_(ops, layout_.total_floats() * sizeof(float)),
-      grads_(ops, layout_.total_floats() * sizeof(float)),
+      params_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float))),
+      grads_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float))),
       layer_offsets_(size_t(model.n_layer) * kTensorsPerLayer, SIZE_MAX),
       policy_(policy) {
   PPTRAIN_CHECK(batch >= 1 && C_ % NH_ == 0 && NH_ % part.tp_size == 0, "bad model shape");
@@ -49,8 +49,6 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
         layer_offsets_[size_t(l) * kTensorsPerLayer + k] =
             layout_.at("transformer.h." + std::to_string(l) + "." + kLayerTensorNames[k]).offset;
   if (dt_ != DType::F32) weights_ = ops::Buffer(ops, layout_.total_floats() * dtype_size(dt_));
-  params_.zero();
-  grads_.zero();
   init_activation_layouts();
 }
 

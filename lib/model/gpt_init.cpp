@@ -34,10 +34,10 @@ void GptModel::init_parameters(uint64_t seed) {
     const bool residual_proj = ends_with(e.name, "c_proj.weight");
     const double stddev = residual_proj ? residual_std : 0.02;
     const uint64_t stream = hash_words(seed, hash_string(e.name));
-    // Padded vocab rows stay 0. Filled by OpenMP threads (each value is a pure function
-    // of its index).
-    fill_from_global(
-        e, [&](int64_t i) { return float(stddev * standard_normal(hash_words(stream, uint64_t(i)))); },
+    // Padded vocab rows stay 0. Filled by OpenMP threads, a run of elements at a time
+    // (each value is a pure function of its index).
+    fill_runs_from_global(
+        e, [&](int64_t first, int64_t count, float* out) { fill_standard_normal(stream, uint64_t(first), std::size_t(count), stddev, out); },
         p);
   }
   if (in_place)

@@ -1,6 +1,8 @@
 #include "model/param_layout.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
@@ -117,55 +119,79 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
 }
 
 namespace {
-// Walks the local elements of `e` and the matching global element index (or -1 for
-// padding), calling f(local_index, global_index) from OpenMP threads: f must write
-// only element local_index.
+// Walks the local slice of `e` as runs of elements contiguous in both the local and the
+// global tensor, calling f(local_index, global_index, count) from OpenMP threads, with
+// global_index -1 for a run of padding; f must write only its run. Runs are at most
+// kMaxRun long, so one large tensor still spreads over the threads.
 template <typename F>
-void for_each_slice_element(const ParamEntry& e, F f) {
+void for_each_slice_run(const ParamEntry& e, F f) {
+  constexpr int64_t kMaxRun = 1 << 14;
+  struct Run {
+    int64_t local, global, count;
+  };
+  std::vector<Run> runs;
+  auto add = [&](int64_t local, int64_t global, int64_t count) {
+    for (int64_t k = 0; k < count; k += kMaxRun)
+      runs.push_back({local + k, global < 0 ? -1 : global + k, std::min(kMaxRun, count - k)});
+  };
   if (e.split_dim < 0) {
-    const int64_t n = int64_t(e.numel);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) f(std::size_t(i), i);
-    return;
+    add(0, 0, int64_t(e.numel));
+  } else {
+    const int d = e.split_dim;
+    // View both tensors as [outer, extent along d, inner]; along d the local tensor is
+    // split_groups groups, each a contiguous slice of its padded global group.
+    int64_t outer = 1, inner = 1;
+    for (int k = 0; k < d; ++k) outer *= e.shape[k];
+    for (std::size_t k = d + 1; k < e.shape.size(); ++k) inner *= e.shape[k];
+    const int64_t local_extent = e.shape[d], global_extent = e.hf_shape[d];
+    const int64_t group_local = local_extent / e.split_groups;
+    const int64_t group_global = group_local * e.num_shards;  // padded group size
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t g = 0; g < e.split_groups; ++g) {
+        const int64_t j = g * group_local;
+        const int64_t global_j = g * group_global + int64_t(e.shard) * group_local;
+        const int64_t real = std::clamp<int64_t>(global_extent - global_j, 0, group_local);
+        const int64_t local = (o * local_extent + j) * inner;
+        add(local, (o * global_extent + global_j) * inner, real * inner);
+        add(local + real * inner, -1, (group_local - real) * inner);
+      }
   }
-  const int d = e.split_dim;
-  // View both tensors as [outer, extent along d, inner].
-  std::size_t outer = 1, inner = 1;
-  for (int k = 0; k < d; ++k) outer *= std::size_t(e.shape[k]);
-  for (std::size_t k = d + 1; k < e.shape.size(); ++k) inner *= std::size_t(e.shape[k]);
-  const int64_t local_extent = e.shape[d], global_extent = e.hf_shape[d];
-  const int64_t group_local = local_extent / e.split_groups;
-  const int64_t group_global = group_local * e.num_shards;  // padded group size
-  const int64_t rows = int64_t(outer) * local_extent;
-#pragma omp parallel for schedule(static) if (int64_t(e.numel) > (1 << 16))
-  for (int64_t row = 0; row < rows; ++row) {
-    const std::size_t o = std::size_t(row / local_extent);
-    const int64_t j = row % local_extent;
-    const int64_t g = j / group_local, within = j % group_local;
-    const int64_t global_j = g * group_global + int64_t(e.shard) * group_local + within;
-    for (std::size_t in = 0; in < inner; ++in) {
-      const std::size_t li = (o * std::size_t(local_extent) + std::size_t(j)) * inner + in;
-      const int64_t gi = global_j < global_extent
-                             ? int64_t((o * std::size_t(global_extent) + std::size_t(global_j)) * inner + in)
-                             : -1;
-      f(li, gi);
-    }
-  }
+  const int64_t n = int64_t(runs.size());
+#pragma omp parallel for schedule(dynamic) if (int64_t(e.numel) > (1 << 16))
+  for (int64_t r = 0; r < n; ++r) f(runs[r].local, runs[r].global, runs[r].count);
 }
 }  // namespace
 
 void slice_from_global(const ParamEntry& e, const float* global, float* local) {
-  for_each_slice_element(e, [&](std::size_t li, int64_t gi) { local[li] = gi >= 0 ? global[gi] : 0.0f; });
+  for_each_slice_run(e, [&](int64_t li, int64_t gi, int64_t n) {
+    if (gi >= 0)
+      std::copy(global + gi, global + gi + n, local + li);
+    else
+      std::fill(local + li, local + li + n, 0.0f);
+  });
 }
 
 void fill_from_global(const ParamEntry& e, const std::function<float(int64_t)>& value,
                       float* local) {
-  for_each_slice_element(e, [&](std::size_t li, int64_t gi) { local[li] = gi >= 0 ? value(gi) : 0.0f; });
+  for_each_slice_run(e, [&](int64_t li, int64_t gi, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) local[li + k] = gi >= 0 ? value(gi + k) : 0.0f;
+  });
+}
+
+void fill_runs_from_global(const ParamEntry& e,
+                           const std::function<void(int64_t, int64_t, float*)>& values,
+                           float* local) {
+  for_each_slice_run(e, [&](int64_t li, int64_t gi, int64_t n) {
+    if (gi >= 0)
+      values(gi, n, local + li);
+    else
+      std::fill(local + li, local + li + n, 0.0f);
+  });
 }
 
 void slice_to_global(const ParamEntry& e, const float* local, float* global) {
-  for_each_slice_element(e, [&](std::size_t li, int64_t gi) {
-    if (gi >= 0) global[gi] = local[li];
+  for_each_slice_run(e, [&](int64_t li, int64_t gi, int64_t n) {
+    if (gi >= 0) std::copy(local + li, local + li + n, global + gi);
   });
 }
 

@@ -92,6 +92,11 @@ void slice_from_global(const ParamEntry& e, const float* global, float* local);
 // local[i] = value(global index of local element i), 0 for padding.
 void fill_from_global(const ParamEntry& e, const std::function<float(int64_t)>& value,
                       float* local);
+// values(first, count, out) writes out[k] = value of global element first + k; the same
+// as fill_from_global, a run at a time (runs of up to 16384 elements).
+void fill_runs_from_global(const ParamEntry& e,
+                           const std::function<void(int64_t, int64_t, float*)>& values,
+                           float* local);
 void slice_to_global(const ParamEntry& e, const float* local, float* global);
 
 }  // namespace pptrain

@@ -59,6 +59,13 @@ class Ops {
   virtual bool device_memory() const = 0;   // true: pointers are not host-readable
   // 256-byte aligned backend memory with undefined contents; deallocate() frees it.
   virtual void* allocate(std::size_t bytes) = 0;
+  // The same, all zero. A backend that gets zero pages from the system (the CPU's large
+  // arenas) skips the fill: the pages are then first written where the memory is used.
+  virtual void* allocate_zeroed(std::size_t bytes) {
+    void* p = allocate(bytes);
+    fill_zero(p, bytes);
+    return p;
+  }
   virtual void deallocate(void* p) noexcept = 0;
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
   // Waits for the work queued before it, then copies to host memory.
@@ -181,6 +188,8 @@ class Buffer {
   Buffer() = default;
   Buffer(Ops& ops, std::size_t bytes)
       : ops_(&ops), data_(bytes ? ops.allocate(bytes) : nullptr), bytes_(bytes) {}
+  // All zero (Ops::allocate_zeroed).
+  static Buffer zeroed(Ops& ops, std::size_t bytes) { return Buffer(ops, bytes, true); }
   Buffer(Buffer&& o) noexcept
       : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   Buffer& operator=(Buffer&& o) noexcept {
@@ -206,6 +215,8 @@ class Buffer {
   }
 
  private:
+  Buffer(Ops& ops, std::size_t bytes, bool /*zeroed*/)
+      : ops_(&ops), data_(bytes ? ops.allocate_zeroed(bytes) : nullptr), bytes_(bytes) {}
   void release() noexcept {
     if (data_) ops_->deallocate(data_);
     data_ = nullptr;

@@ -20,11 +20,8 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
       weight_decay_(train.weight_decay),
       begin_(std::min(begin, layout.total_floats())),
       end_(std::min(end, layout.total_floats())),
-      m_(ops, size() * sizeof(float)),
-      v_(ops, size() * sizeof(float)) {
-  m_.zero();
-  v_.zero();
-}
+      m_(ops::Buffer::zeroed(ops, size() * sizeof(float))),
+      v_(ops::Buffer::zeroed(ops, size() * sizeof(float))) {}
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t) {

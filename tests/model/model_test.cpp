@@ -215,5 +215,38 @@ TEST(TensorParallelLayout, ShardsTileTheGlobalTensors) {
   }
 }
 
+TEST(TensorParallelLayout, FillsFromGlobalIndicesLikeTheSlice) {
+  // Runs longer than the 16384-element chunks, padding rows, and column groups.
+  ModelConfig m;
+  m.n_layer = 1;
+  m.n_head = 4;
+  m.d_model = 64;
+  m.seq_len = 4;
+  m.vocab_size = 1000;  // padded to 1024 for tp=2
+  for (int tp : {1, 2}) {
+    for (int r = 0; r < tp; ++r) {
+      ModelPartition part = whole_model(m);
+      part.tp_size = tp;
+      part.tp_rank = r;
+      const ParamLayout layout = gpt_param_layout(m, part);
+      for (const ParamEntry& e : layout.entries()) {
+        std::vector<float> global(e.hf_numel());
+        for (size_t i = 0; i < global.size(); ++i) global[i] = float(i) + 0.5f;
+        std::vector<float> sliced(e.numel), by_element(e.numel, -1.0f), by_run(e.numel, -1.0f);
+        slice_from_global(e, global.data(), sliced.data());
+        fill_from_global(e, [](int64_t g) { return float(g) + 0.5f; }, by_element.data());
+        fill_runs_from_global(
+            e,
+            [](int64_t first, int64_t count, float* out) {
+              for (int64_t k = 0; k < count; ++k) out[k] = float(first + k) + 0.5f;
+            },
+            by_run.data());
+        EXPECT_EQ(by_element, sliced) << e.name << " tp " << tp << " rank " << r;
+        EXPECT_EQ(by_run, sliced) << e.name << " tp " << tp << " rank " << r;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pptrain

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "ops/cpu/cpu_math.hpp"
@@ -32,8 +34,30 @@ void* CpuOps::allocate(std::size_t bytes) {
   memory_.added(p, bytes);
   return p;
 }
+// Large zeroed arenas (parameters, gradients, optimizer moments) are mapped straight
+// from the system, whose pages are already zero: no filling pass, and each page is
+// first touched, and so placed, by the thread that first writes it.
+constexpr std::size_t kMappedMinBytes = std::size_t(1) << 22;
+
+void* CpuOps::allocate_zeroed(std::size_t bytes) {
+  if (bytes < kMappedMinBytes) {
+    void* p = allocate(bytes);
+    fill_zero(p, bytes);
+    return p;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  mapped_[p] = bytes;
+  memory_.added(p, bytes);
+  return p;
+}
 void CpuOps::deallocate(void* p) noexcept {
   memory_.removed(p);
+  if (auto it = mapped_.find(p); it != mapped_.end()) {
+    munmap(p, it->second);
+    mapped_.erase(it);
+    return;
+  }
   std::free(p);
 }
 namespace {

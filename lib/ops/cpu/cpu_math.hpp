@@ -7,16 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace pptrain::ops::cpu {
+#include "core/wide_clones.hpp"
 
-// A function compiled for AVX-512, AVX2 and baseline x86-64, the version chosen at load
-// time. The wider vectors run the same float operations (the library is compiled
-// without contraction into FMAs), so every machine computes the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PPTRAIN_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define PPTRAIN_WIDE_CLONES
-#endif
+namespace pptrain::ops::cpu {
 
 // Column reductions (bias and LayerNorm weight gradients, embedding backward) give each
 // thread whole blocks of this many columns, so every sum runs over the rows in order.

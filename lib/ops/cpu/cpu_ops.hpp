@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "ops/memory_tracker.hpp"
@@ -177,6 +178,7 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   DType compute_dtype() const override { return DType::F32; }
   bool device_memory() const override { return false; }
   void* allocate(std::size_t bytes) override;
+  void* allocate_zeroed(std::size_t bytes) override;
   void deallocate(void* p) noexcept override;
   void upload(void* dst, const void* host_src, std::size_t bytes) override;
   void download(void* host_dst, const void* src, std::size_t bytes) override;
@@ -249,6 +251,7 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   int threads_;
   bool blocked_attention_;
   MemoryTracker memory_;  // what allocate() hands out (the scratch above is not counted)
+  std::unordered_map<void*, std::size_t> mapped_;  // allocate_zeroed's mappings: their lengths
 };
 
 // Rows per block in the causal attention GEMMs: a row block only meets the key
