@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """CPU training benchmark of pptrain, against the sgemm ceiling and PyTorch in the same run.
 
-For each shape (a small model; GPT-2 124M at T=64 and at T=1024), with the attention
-that keeps the probabilities (unfused) and, for the small model and T=1024, also the
-blocked one (train.attention: fused), it trains a few steps and prints one row: tokens/s and model GFLOP/s (medians over the steps after the first),
-that GFLOP/s as a share of the fp32 GEMM ceiling measured at the start of this run
-(build/pptrain-sgemm 768x3072x256, same threads), the time from launch to the start of
-step 1, the peak resident set, and, when a Python with PyTorch is found, PyTorch's tokens/s for the same model,
-threads and batch (scripts/torch_gpt2_bench.py --device cpu) with pptrain's ratio to it.
+For each shape (a small model; GPT-2 124M at T=64, with one micro-batch of 4 and with
+its config's 8 micro-batches of 4, and at T=1024), with the CPU's default attention (auto:
+the blocked kernel) and, for the small model and T=1024, also the one that keeps the
+probabilities (unfused), it trains a few steps and prints one row:
+- tokens/s and model GFLOP/s (medians over the steps after the first);
+- that GFLOP/s as a share of the fp32 GEMM ceiling (build/pptrain-sgemm 768x3072x256,
+  same threads) measured just before the run;
+- the time from launch to the start of step 1 and the peak resident set;
+- when a Python with PyTorch is found, PyTorch's tokens/s for the same model, threads,
+  batch and micro-batches (scripts/torch_gpt2_bench.py --device cpu), run just after,
+  and pptrain's ratio to it.
+With --rounds R each row repeats ceiling, pptrain and PyTorch R times in turn and prints
+the medians of the rounds' figures and ratios, so that a shared machine's load, which
+drifts over minutes, weighs on both sides of each ratio alike.
 
-Usage: bench.py [--threads N] [--steps N] [--only NAME ...]
+Usage: bench.py [--threads N] [--steps N] [--rounds R] [--only NAME ...]
 """
 import argparse
 import json
@@ -27,27 +34,30 @@ SGEMM = os.path.join(ROOT, "build", "pptrain-sgemm")
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 GPT2 = os.path.join(ROOT, "configs", "gpt2-124m.yaml")
 
-# name, config, (n_layer, n_head, d_model, seq_len, vocab), batch, train.attention
+# name, config, (n_layer, n_head, d_model, seq_len, vocab), micro-batch size,
+# micro-batches per step, train.attention
 SHAPES = [
-    ("small (4L d256 T256 B8)", TINY, (4, 4, 256, 256, 256), 8, "unfused"),
-    ("small, blocked attention", TINY, (4, 4, 256, 256, 256), 8, "fused"),
-    ("GPT-2 124M (T64 B4)", GPT2, (12, 12, 768, 64, 50257), 4, "unfused"),
-    ("GPT-2 124M (T1024 B1)", GPT2, (12, 12, 768, 1024, 50257), 1, "unfused"),
-    ("124M T1024, blocked attention", GPT2, (12, 12, 768, 1024, 50257), 1, "fused"),
+    ("small (4L d256 T256 B8)", TINY, (4, 4, 256, 256, 256), 8, 1, "auto"),
+    ("small, unfused attention", TINY, (4, 4, 256, 256, 256), 8, 1, "unfused"),
+    ("GPT-2 124M (T64 B4)", GPT2, (12, 12, 768, 64, 50257), 4, 1, "auto"),
+    ("GPT-2 124M (T64, 8 micro-batches of 4)", GPT2, (12, 12, 768, 64, 50257), 4, 8, "auto"),
+    ("GPT-2 124M (T1024 B1)", GPT2, (12, 12, 768, 1024, 50257), 1, 1, "auto"),
+    ("124M T1024, unfused attention", GPT2, (12, 12, 768, 1024, 50257), 1, 1, "unfused"),
 ]
 
 
 def sgemm_ceiling(threads):
-    out = subprocess.run([SGEMM, "768", "3072", "256", str(threads), "3"], capture_output=True,
+    out = subprocess.run([SGEMM, "768", "3072", "256", str(threads), "2"], capture_output=True,
                          text=True, check=True).stdout
     return float(out.split(":")[1].split()[0])
 
 
-def run_pptrain(config, shape, batch, attention, threads, steps, work):
+def run_pptrain(config, shape, batch, micro_batches, attention, threads, steps, work):
     n_layer, n_head, d_model, seq_len, vocab = shape
     metrics = os.path.join(work, "metrics.jsonl")
     sets = [f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.d_model={d_model}",
-            f"model.seq_len={seq_len}", f"model.vocab_size={vocab}", "parallel.micro_batches=1",
+            f"model.seq_len={seq_len}", f"model.vocab_size={vocab}",
+            f"parallel.micro_batches={micro_batches}",
             f"parallel.micro_batch_size={batch}", f"train.steps={steps}",
             f"train.threads={threads}", f"train.attention={attention}", "device=cpu",
             "train.eval_every=0", "train.eval_batches=1",
@@ -84,12 +94,13 @@ def torch_python():
     return None
 
 
-def run_torch(py, shape, batch, threads, steps):
+def run_torch(py, shape, batch, micro_batches, threads, steps):
     n_layer, n_head, d_model, seq_len, vocab = shape
     out = subprocess.run([py, os.path.join(ROOT, "scripts", "torch_gpt2_bench.py"), "--device",
                           "cpu", "--threads", str(threads), "--n-layer", str(n_layer),
                           "--n-head", str(n_head), "--d-model", str(d_model), "--seq-len",
-                          str(seq_len), "--vocab-size", str(vocab), "--batch", str(batch),
+                          str(seq_len), "--vocab-size", str(vocab), "--batch",
+                          str(batch * micro_batches), "--micro-batches", str(micro_batches),
                           "--steps", str(steps), "--warmup", "1"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.splitlines()[-1])["tokens_per_s"]
@@ -99,32 +110,42 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", nargs="*")
     args = ap.parse_args()
     for exe in (PPTRAIN, SGEMM):
         if not os.access(exe, os.X_OK):
             sys.exit(f"build first (scripts/setup.sh): {exe} is missing")
     py = torch_python()
-    ceiling = sgemm_ceiling(args.threads)
     print(f"pptrain CPU benchmark: {os.cpu_count()} cores, {args.threads} thread(s), "
-          f"{args.steps} steps each (the first not counted), {time.strftime('%Y-%m-%d')}")
-    print(f"sgemm ceiling (768x3072x256, {args.threads} threads): {ceiling:.1f} GFLOP/s")
-    print("| model | tokens/s | GFLOP/s | share of sgemm | launch to step 1 | peak RSS MiB | "
-          "PyTorch tokens/s | pptrain / PyTorch |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    torch_tokens = {}  # by shape: the same model whatever pptrain's attention
-    for name, config, shape, batch, attention in SHAPES:
+          f"{args.steps} steps each (the first not counted), {args.rounds} round(s), "
+          f"{time.strftime('%Y-%m-%d')}")
+    print("| model | tokens/s | GFLOP/s | sgemm ceiling | share of sgemm | launch to step 1 | "
+          "peak RSS MiB | PyTorch tokens/s | pptrain / PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    med = statistics.median
+    for name, config, shape, batch, micro_batches, attention in SHAPES:
         if args.only and not any(o in name for o in args.only):
             continue
-        with tempfile.TemporaryDirectory() as work:
-            r = run_pptrain(config, shape, batch, attention, args.threads, args.steps, work)
-        if py and (shape, batch) not in torch_tokens:
-            torch_tokens[shape, batch] = run_torch(py, shape, batch, args.threads, args.steps)
-        torch_tok = torch_tokens.get((shape, batch))
-        ratio = f"{r['tokens_per_s'] / torch_tok:.2f}" if torch_tok else "-"
-        print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['gflops']:.1f} | "
-              f"{r['gflops'] / ceiling:.2f} | {r['first_step_s']:.2f} s | {r['rss_mib']:,.0f} | "
-              f"{f'{torch_tok:,.0f}' if torch_tok else '-'} | {ratio} |", flush=True)
+        rounds = []
+        for _ in range(args.rounds):
+            ceiling = sgemm_ceiling(args.threads)
+            with tempfile.TemporaryDirectory() as work:
+                r = run_pptrain(config, shape, batch, micro_batches, attention, args.threads,
+                                args.steps, work)
+            r["ceiling"] = ceiling
+            if py:
+                r["torch"] = run_torch(py, shape, batch, micro_batches, args.threads, args.steps)
+            rounds.append(r)
+        torch_cols = "- | -"
+        if py:
+            torch_cols = (f"{med(r['torch'] for r in rounds):,.0f} | "
+                          f"{med(r['tokens_per_s'] / r['torch'] for r in rounds):.2f}")
+        print(f"| {name} | {med(r['tokens_per_s'] for r in rounds):,.0f} | "
+              f"{med(r['gflops'] for r in rounds):.1f} | {med(r['ceiling'] for r in rounds):.1f} | "
+              f"{med(r['gflops'] / r['ceiling'] for r in rounds):.2f} | "
+              f"{med(r['first_step_s'] for r in rounds):.2f} s | "
+              f"{max(r['rss_mib'] for r in rounds):,.0f} | {torch_cols} |", flush=True)
 
 
 if __name__ == "__main__":

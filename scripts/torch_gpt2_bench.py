@@ -72,6 +72,9 @@ def parse_args(argv):
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--batch", type=int, help="sequences per step (default: the config's "
                    "micro_batch_size * micro_batches)")
+    p.add_argument("--micro-batches", type=int, default=1,
+                   help="--batch is split into this many micro-batches, their gradients "
+                   "accumulated before the optimizer step (as pptrain's parallel.micro_batches)")
     p.add_argument("--steps", type=int, default=30, help="steps in all, warm-up included")
     p.add_argument("--warmup", type=int, default=5, help="first steps not timed")
     p.add_argument("--compile", choices=("blocks", "model", "none"), default="blocks",
@@ -197,17 +200,20 @@ def main(argv):
     F = torch.nn.functional
 
     def train_step(x, y):
-        if cpu:
-            logits = step_model(x)
-        else:
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-                logits = step_model(x)
-        loss = F.cross_entropy(logits.float().view(-1, padded_vocab), y.view(-1))
-        loss.backward()
+        total = 0.0
+        for xm, ym in zip(x.chunk(args.micro_batches), y.chunk(args.micro_batches)):
+            if cpu:
+                logits = step_model(xm)
+            else:
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    logits = step_model(xm)
+            loss = F.cross_entropy(logits.float().view(-1, padded_vocab), ym.view(-1))
+            (loss / args.micro_batches).backward()
+            total = total + loss.detach() / args.micro_batches
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return total
 
     B, T = args.batch, args.seq_len
     gen = torch.Generator(device=device)
@@ -254,6 +260,7 @@ def main(argv):
         "params": n_params,
         "n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model,
         "seq_len": T, "vocab_size": args.vocab_size, "batch": B,
+        "micro_batches": args.micro_batches,
         "steps_timed": len(times_ms), "warmup": args.warmup,
         "compile": args.compile, "last_loss": round(losses[-1], 4),
         "device": f"cpu, {torch.get_num_threads()} threads" if cpu else torch.cuda.get_device_name(),

@@ -17,7 +17,7 @@ namespace pptrain {
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
 enum class MessageModeChoice { Auto, Grouped, AsyncSends };
 enum class Precision { Auto, BF16, FP32 };
-enum class Attention { Unfused, Fused };
+enum class Attention { Auto, Unfused, Fused };
 enum class Recompute { None, Selective, Full };
 enum class OnNonfinite { Stop, Skip };
 enum class LrSchedule { Cosine, Linear, Constant };
@@ -41,7 +41,7 @@ struct ChoiceNames<Precision> {
 };
 template <>
 struct ChoiceNames<Attention> {
-  static constexpr std::string_view names[] = {"unfused", "fused"};
+  static constexpr std::string_view names[] = {"auto", "unfused", "fused"};
 };
 template <>
 struct ChoiceNames<Recompute> {

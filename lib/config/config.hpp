@@ -76,13 +76,22 @@ struct TrainConfig {
   // Activations and weight copy: auto (bf16 on CUDA, fp32 on the CPU) | bf16 | fp32.
   Precision precision = Precision::Auto;
   double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak
-  // unfused (batched GEMMs around a softmax) | fused (flash-style on CUDA, blocked on CPU).
-  Attention attention = Attention::Unfused;
+  // auto | unfused (batched GEMMs around a softmax) | fused (flash-style on CUDA, blocked
+  // on the CPU); see uses_fused_attention.
+  Attention attention = Attention::Auto;
   // Activation recomputation: none | selective (the attention core) | full (whole layers
   // from their input), on the first recompute_layers layers of each chunk (0: all).
   Recompute recompute = Recompute::None;
   int recompute_layers = 0;
 };
+
+// Whether a run on CUDA (on_cuda) or on the CPU uses the fused attention kernels. auto is
+// fused on the CPU, where the blocked kernel is as fast or faster and keeps no T x T
+// probabilities (docs/performance.md), and unfused on CUDA, where the flash-style kernel
+// has not yet run on a GPU.
+inline bool uses_fused_attention(const TrainConfig& t, bool on_cuda) {
+  return t.attention == Attention::Fused || (t.attention == Attention::Auto && !on_cuda);
+}
 
 struct DataConfig {
   DataSource source = DataSource::Synthetic;

@@ -143,7 +143,7 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.sp = p.sequence_parallel;
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
-  s.fused_attention = cfg.train.attention == Attention::Fused;
+  s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
   s.dev = &d;
   // Rank order tp-dp-pp: a tp group is tp consecutive ranks, a dp group strides tp.
   s.tp_link = link_for(cluster, 1, p.tp);

@@ -24,7 +24,7 @@ BackendTraits backend_traits(const Config& c, bool cuda) {
   BackendTraits t;
   t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
   t.logsumexp_attention =
-      c.train.attention == Attention::Fused && (!cuda || t.compute == DType::BF16);
+      uses_fused_attention(c.train, cuda) && (!cuda || t.compute == DType::BF16);
   return t;
 }
 double to_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
@@ -141,7 +141,7 @@ std::string describe_plan(const Config& c) {
                              cuda ? "cuda" : "cpu",
                              cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
                              dtype_name(act_type),
-                             c.train.attention == Attention::Fused ? ", fused attention" : ""));
+                             uses_fused_attention(c.train, cuda) ? ", fused attention" : ""));
   out += "activations  one micro-batch's buffers (a layer, then the head), as kept under this "
          "config:\n" + describe_activation_table(activation_shape(c, traits), activation_policy(c));
   return out;

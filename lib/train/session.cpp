@@ -20,12 +20,11 @@ bool runs_on_cuda(const Config& config) {
 }
 
 std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
-  const bool fused = config.train.attention == Attention::Fused;
   if (!runs_on_cuda(config)) {
     if (config.train.precision == Precision::BF16)
       throw InputError(config.source_path +
                        ": train.precision: bf16 needs a CUDA device, and device: auto found none");
-    return ops::make_cpu_ops(config.train.threads, fused);
+    return ops::make_cpu_ops(config.train.threads, uses_fused_attention(config.train, false));
   }
   const int gpus = visible_gpus(config);
   if (!ops::cuda_backend_built())
@@ -36,7 +35,7 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
     throw InputError(config.source_path +
                      ": device: cuda, but no CUDA device is visible; use device: cpu or auto");
   const DType dtype = config.train.precision == Precision::FP32 ? DType::F32 : DType::BF16;
-  return ops::make_cuda_ops(local_rank % gpus, dtype, fused);
+  return ops::make_cuda_ops(local_rank % gpus, dtype, uses_fused_attention(config.train, true));
 }
 
 void check_schedule(const Config& c) {

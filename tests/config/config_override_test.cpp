@@ -130,7 +130,7 @@ TEST(ConfigRoundTrip, DefaultsRoundTripAndEveryKeyIsWritten) {
   for (const char* key : {"n_layer:", "micro_batch_size:", "eval_batches:", "val_path:",
                           "resume:", "trace_steps: []", "level:", "device: \"cpu\"",
                           "precision: \"auto\"", "peak_tflops: 0",
-                          "attention: \"unfused\""})
+                          "attention: \"auto\""})
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
 }
 

@@ -131,7 +131,7 @@ const BadCase kBadCases[] = {
     {"precision", "train:\n  precision: fp16\n", {}, "x.yaml:2",
      "train.precision: must be one of auto, bf16, fp32 (got 'fp16')"},
     {"attention", "train:\n  attention: flash\n", {}, "x.yaml:2",
-     "train.attention: must be one of unfused, fused (got 'flash')"},
+     "train.attention: must be one of auto, unfused, fused (got 'flash')"},
     {"fused_in_fp32", "train:\n  attention: fused\n  precision: fp32\ndevice: cuda\n", {}, "x.yaml:2",
      "train.attention: fused on a CUDA device needs bf16 (got device cuda, precision fp32)"},
     {"bf16_on_cpu", "train:\n  precision: bf16\ndevice: cpu\n", {}, "x.yaml:2",
