@@ -59,8 +59,8 @@ class Ops {
   virtual bool device_memory() const = 0;   // true: pointers are not host-readable
   // 256-byte aligned backend memory with undefined contents; deallocate() frees it.
   virtual void* allocate(std::size_t bytes) = 0;
-  // The same, all zero. A backend that gets zero pages from the system (the CPU's large
-  // arenas) skips the fill: the pages are then first written where the memory is used.
+  // The same, all zero: for the long-lived arenas (parameters, gradients, optimizer
+  // state). The CPU backend maps large ones on huge pages.
   virtual void* allocate_zeroed(std::size_t bytes) {
     void* p = allocate(bytes);
     fill_zero(p, bytes);
