@@ -3,6 +3,9 @@
 // reductions over eight fixed lanes (sums kept in double). The lane layout fixes the
 // summation order, so results are identical on every call.
 #pragma once
+#include <omp.h>
+
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -11,9 +14,21 @@
 
 namespace pptrain::ops::cpu {
 
-// Column reductions (bias and LayerNorm weight gradients, embedding backward) give each
-// thread whole blocks of this many columns, so every sum runs over the rows in order.
-inline constexpr int kColumnBlock = 64;
+// Column reductions (bias and LayerNorm weight gradients, embedding backward): calls
+// f(c0, c1) from each OpenMP thread on one contiguous range of columns (multiples of 16),
+// which it sums over every row in order. A column's sum never depends on the range it
+// falls in, so the split may follow the thread count; one range per thread makes one
+// pass over the rows, where narrow blocks walked every row's page once per block.
+template <typename F>
+void in_column_ranges(int C, F f) {
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    auto edge = [&](int64_t k) { return int(std::min<int64_t>(C, (C * k / threads + 15) / 16 * 16)); };
+    const int c0 = edge(t), c1 = edge(t + 1);
+    if (c0 < c1) f(c0, c1);
+  }
+}
 // Elementwise loops shorter than this stay on one thread (starting threads costs more).
 inline constexpr std::ptrdiff_t kParallelMin = 1 << 14;
 

@@ -125,15 +125,13 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
                                        const float* mean, const float* rstd, int N, int C) {
   double* acc_w = double_scratch(2 * static_cast<std::size_t>(C));
   double* acc_b = acc_w + C;
-#pragma omp parallel for schedule(static)
-  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
-    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+  cpu::in_column_ranges(C, [&](int c0, int c1) {
     layernorm_weight_block(acc_w, acc_b, dout, inp, mean, rstd, N, C, c0, c1);
     for (int c = c0; c < c1; ++c) {
       dw[c] += static_cast<float>(acc_w[c]);
       db[c] += static_cast<float>(acc_b[c]);
     }
-  }
+  });
 }
 
 namespace {

@@ -78,8 +78,10 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
   const int tiles = (M + tile.rows - 1) / tile.rows * tile_cols;
   // Always a parallel region (even for one tile): OpenBLAS's OpenMP build runs a call
   // made inside an active region on the calling thread, and with one thread in the pool
-  // it runs single-threaded anyway.
-#pragma omp parallel for schedule(static)
+  // it runs single-threaded anyway. Tiles go to whichever thread is free (a tile's
+  // result does not depend on which thread computes it): on a shared machine one core
+  // often runs slower, and fixed halves left the other waiting at the region's end.
+#pragma omp parallel for schedule(dynamic)
   for (int t = 0; t < tiles; ++t) {
     const int i0 = t / tile_cols * tile.rows, j0 = t % tile_cols * tile.cols;
     const int m = std::min(tile.rows, M - i0), n = std::min(tile.cols, N - j0);
@@ -129,15 +131,13 @@ void CpuOps::add_bias(float* out, const float* bias, int N, int C) {
 }
 
 void CpuOps::bias_backward(float* dbias, const float* dout, int N, int C) {
-  // Column sums in double, rows in order: each column block is one thread's, so the
+  // Column sums in double, rows in order: each column is one thread's, so the
   // reduction order is fixed whatever the thread count.
   double* acc = double_scratch(static_cast<std::size_t>(C));
-#pragma omp parallel for schedule(static)
-  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
-    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+  cpu::in_column_ranges(C, [&](int c0, int c1) {
     column_sums(acc, dout, N, C, c0, c1);
     for (int c = c0; c < c1; ++c) dbias[c] += static_cast<float>(acc[c]);
-  }
+  });
 }
 
 void CpuOps::embedding_forward(float* out, const int32_t* tokens, const float* wte,
@@ -165,11 +165,9 @@ void CpuOps::embedding_backward(float* dwte, float* dwpe, const float* dout, con
                                 int vocab_begin, int vocab_rows, int B, int T, int C) {
   for (int bt = 0; bt < B * T; ++bt)
     PPTRAIN_CHECK(tokens[bt] >= 0, "embedding_backward: negative token id");
-  // Each thread owns a block of columns and adds every (b, t) into it in order, so
+  // Each thread owns a range of columns and adds every (b, t) into it in order, so
   // repeated tokens always add up the same way.
-#pragma omp parallel for schedule(static)
-  for (int c0 = 0; c0 < C; c0 += cpu::kColumnBlock) {
-    const int c1 = std::min(C, c0 + cpu::kColumnBlock);
+  cpu::in_column_ranges(C, [&](int c0, int c1) {
     for (int bt = 0; bt < B * T; ++bt) {
       const float* d = dout + static_cast<std::size_t>(bt) * C;
       const int row = tokens[bt] - vocab_begin;
@@ -181,7 +179,7 @@ void CpuOps::embedding_backward(float* dwte, float* dwpe, const float* dout, con
       float* p = dwpe + static_cast<std::size_t>(bt % T) * C;
       for (int c = c0; c < c1; ++c) p[c] += d[c];
     }
-  }
+  });
 }
 
 void CpuOps::add(float* out, const float* a, const float* b, std::size_t n) {
