@@ -167,4 +167,9 @@ void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, cons
   attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH);
 }
 
+void CpuOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
+                            int N, int Cin, int Cout) {
+  linear_forward(f(out), f(gelu_out), f(inp), f(w), f(bias), N, Cin, Cout);
+}
+
 }  // namespace pptrain::ops

@@ -29,6 +29,9 @@ void in_column_ranges(int C, F f) {
     if (c0 < c1) f(c0, c1);
   }
 }
+// out[i] = gelu(inp[i]) (tanh form) for i in [begin, end) (cpu_norm.cpp, wide clones).
+void gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end);
+
 // Elementwise loops shorter than this stay on one thread (starting threads costs more).
 inline constexpr std::ptrdiff_t kParallelMin = 1 << 14;
 

@@ -134,17 +134,16 @@ void CpuOps::layernorm_backward_weight(float* dw, float* db, const float* dout, 
   });
 }
 
-namespace {
-// GELU over [begin, end) (wide clones, see cpu_math.hpp), per thread block.
-
 PPTRAIN_WIDE_CLONES
-void gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end) {
+void cpu::gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
     out[i] = 0.5f * x * (1.0f + cpu::tanh_float(u));
   }
 }
+
+namespace {
 
 PPTRAIN_WIDE_CLONES
 void gelu_backward_range(float* dinp, const float* inp, const float* dout, std::size_t begin,
@@ -172,7 +171,7 @@ void in_thread_blocks(std::size_t n, F f) {
 }  // namespace
 
 void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
-  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { gelu_forward_range(out, inp, b, e); });
+  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { cpu::gelu_forward_range(out, inp, b, e); });
 }
 
 void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {

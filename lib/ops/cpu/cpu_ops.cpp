@@ -64,10 +64,13 @@ GemmTile gemm_tile(int M, int N) {
   };
   return {side(M, r), side(N, c)};
 }
-}  // namespace
 
-void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                  const float* B, float beta, float* C) {
+// C = alpha op(A) op(B) + beta C, one single-threaded OpenBLAS call per gemm_tile tile;
+// before(i0, j0, m, n) runs on a tile just ahead of its call and after(i0, j0, m, n)
+// once its product is in C, on the same thread, while the tile is in its cache.
+template <typename Before, typename After>
+void tiled_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                const float* B, float beta, float* C, Before before, After after) {
   PPTRAIN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size");
   if (M == 0 || N == 0) return;
   // BLAS rejects a leading dimension of 0 even when the matrix is empty (K == 0).
@@ -88,10 +91,37 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     // Rows i0.. of op(A) and columns j0.. of op(B), whichever way each is stored.
     const float* a = A + (trans_a ? std::size_t(i0) : std::size_t(i0) * lda);
     const float* b = B + (trans_b ? std::size_t(j0) * ldb : std::size_t(j0));
+    before(i0, j0, m, n);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, beta,
                 C + std::size_t(i0) * N + j0, N);
+    after(i0, j0, m, n);
   }
+}
+}  // namespace
+
+void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                  const float* B, float beta, float* C) {
+  auto nothing = [](int, int, int, int) {};
+  tiled_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C, nothing, nothing);
+}
+
+void CpuOps::linear_forward(float* out, float* gelu_out, const float* inp, const float* w,
+                            const float* bias, int N, int Cin, int Cout) {
+  // Per output tile: the bias is written first and the product added to it (beta 1, so
+  // OpenBLAS makes no pass to clear the tile), then GELU reads the tile from cache.
+  auto write_bias = [&](int i0, int j0, int m, int n) {
+    if (bias == nullptr) return;
+    for (int i = i0; i < i0 + m; ++i) std::copy(bias + j0, bias + j0 + n, out + std::size_t(i) * Cout + j0);
+  };
+  auto gelu = [&](int i0, int j0, int m, int n) {
+    if (gelu_out == nullptr) return;
+    for (int i = i0; i < i0 + m; ++i) {
+      const std::size_t row = std::size_t(i) * Cout + j0;
+      cpu::gelu_forward_range(gelu_out, out, row, row + n);
+    }
+  };
+  tiled_gemm(false, false, N, Cout, Cin, 1.0f, inp, w, bias ? 1.0f : 0.0f, out, write_bias, gelu);
 }
 
 void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin,

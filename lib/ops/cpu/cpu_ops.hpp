@@ -197,12 +197,19 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                          int NH) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                           const void* state, int B, int T, int C, int NH) override;
+  // The fp32 overload below: bias and GELU fused into each GEMM tile.
+  void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
+                      int N, int Cin, int Cout) override;
 
   // ---- The same ops on plain fp32 arrays: the reference the tests and the CUDA
   // backend's tests call directly (cpu_ops.cpp, cpu_norm.cpp, cpu_loss.cpp,
   // cpu_attention.cpp). attention's `att` is the [B,NH,T,T] probabilities. ----
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
             const float* B, float beta, float* C);
+  // out = inp @ w (+ bias), gelu_out = gelu(out) when not null: the bias and GELU run on
+  // each GEMM tile as it is computed.
+  void linear_forward(float* out, float* gelu_out, const float* inp, const float* w,
+                      const float* bias, int N, int Cin, int Cout);
   void linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin, int Cout);
   void add_bias(float* out, const float* bias, int N, int C);
   void bias_backward(float* dbias, const float* dout, int N, int C);
