@@ -50,6 +50,16 @@ void add_gemm_cases(std::vector<OpCase>& t) {
                                              : r.act_out("C", M * N, kAct);
                        r.ops.gemm(ta, tb, M, N, K, 0.75f, a, b, beta, c);
                      }});
+  // K at least 8 times the output's sides: the CPU backend splits K into parts.
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      t.push_back({"gemm_long_k_ta" + std::to_string(ta) + "_tb" + std::to_string(tb),
+                   [=](OpRun& r) {
+                     const int M = 9, N = 12, K = 301;
+                     const Act *a = r.act(r.randn(M * K, 1)), *b = r.act(r.randn(K * N, 2));
+                     Act* c = r.act_inout("C", r.randn(M * N, 3), kAct);
+                     r.ops.gemm(ta, tb, M, N, K, 0.75f, a, b, 0.5f, c);
+                   }});
   // 101 columns: no bias+GELU epilogue on CUDA (its aux ld % 8), which falls back.
   for (int Cout : {192, 101})
     for (bool bias : {true, false})

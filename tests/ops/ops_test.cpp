@@ -48,6 +48,27 @@ TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
     }
 }
 
+// K at least 8 times the output's longer side is cut into K parts, added in order.
+TEST_F(OpsTest, LongKGemmMatchesNaiveLoopForAllTransposes) {
+  const int M = 5, N = 7, K = 203;  // K parts of 80, 80 and 43
+  const float alpha = 0.7f;
+  for (float beta : {0.0f, 0.3f})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const std::vector<float> A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
+        std::vector<float> C = beta != 0.0f ? C0 : std::vector<float>(M * N, std::nanf(""));
+        ops->gemm(ta, tb, M, N, K, alpha, A.data(), B.data(), beta, C.data());
+        for (int i = 0; i < M; ++i)
+          for (int j = 0; j < N; ++j) {
+            double s = 0;
+            for (int k = 0; k < K; ++k)
+              s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+            EXPECT_NEAR(C[i * N + j], alpha * s + beta * C0[i * N + j], 2e-5)
+                << "ta=" << ta << " tb=" << tb << " beta=" << beta << " at " << i << "," << j;
+          }
+      }
+}
+
 TEST_F(OpsTest, GemmWithBetaZeroOverwritesGarbage) {
   const int M = 3, N = 4, K = 2;
   const std::vector<float> A = randn(M * K, 4), B = randn(K * N, 5);
@@ -283,6 +304,21 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
                                (beta != 0.0f ? " beta 1" : " beta 0"),
                            c);
         }
+    // K 48 times the output's side: split into K parts (the tied head's input gradient).
+    const int Mk = 64, Nk = 64, Kk = N * 4 * C / 64;
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f}) {
+          std::vector<float> c(c0.begin(), c0.begin() + Mk * Nk);
+          ops.gemm(ta, tb, Mk, Nk, Kk, 0.5f, x.data(), y.data(), beta, c.data());
+          out.emplace_back("long-K gemm ta " + std::to_string(ta) + " tb " + std::to_string(tb) +
+                               (beta != 0.0f ? " beta 1" : " beta 0"),
+                           c);
+        }
+    std::vector<float> lin(N * 4 * C), lin_gelu(N * 4 * C);
+    ops.linear_forward(lin.data(), lin_gelu.data(), x.data(), w.data(), c0.data(), N, C, 4 * C);
+    out.emplace_back("linear_forward", lin);
+    out.emplace_back("linear_forward gelu", lin_gelu);
     std::vector<float> dw(c0.begin(), c0.begin() + 3 * C * C);
     ops.linear_weight_grad(dw.data(), x.data(), y.data(), N, C, 3 * C);
     out.emplace_back("linear_weight_grad", dw);
