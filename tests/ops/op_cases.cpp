@@ -50,7 +50,7 @@ void add_gemm_cases(std::vector<OpCase>& t) {
                                              : r.act_out("C", M * N, kAct);
                        r.ops.gemm(ta, tb, M, N, K, 0.75f, a, b, beta, c);
                      }});
-  // K at least 8 times the output's sides: the CPU backend splits K into parts.
+  // K at least twice the output's sides: the CPU backend splits K into parts.
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       t.push_back({"gemm_long_k_ta" + std::to_string(ta) + "_tb" + std::to_string(tb),

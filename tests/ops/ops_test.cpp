@@ -48,9 +48,9 @@ TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
     }
 }
 
-// K at least 8 times the output's longer side is cut into K parts, added in order.
+// K at least twice the output's longer side is cut into K parts, added in order.
 TEST_F(OpsTest, LongKGemmMatchesNaiveLoopForAllTransposes) {
-  const int M = 5, N = 7, K = 203;  // K parts of 80, 80 and 43
+  const int M = 5, N = 7, K = 203;  // 12 K parts of 16 and one of 11
   const float alpha = 0.7f;
   for (float beta : {0.0f, 0.3f})
     for (bool ta : {false, true})
@@ -304,7 +304,7 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
                                (beta != 0.0f ? " beta 1" : " beta 0"),
                            c);
         }
-    // K 48 times the output's side: split into K parts (the tied head's input gradient).
+    // K 48 times the output's side: split into K parts (as the tied head's input gradient).
     const int Mk = 64, Nk = 64, Kk = N * 4 * C / 64;
     for (bool ta : {false, true})
       for (bool tb : {false, true})

@@ -48,19 +48,21 @@ namespace {
 // - C tiles, as square as the shape allows (a call packs its rows of A and columns of
 //   B, so a squarer tile packs less per product), no side under 64 unless the matrix's
 //   is, sides multiples of 16;
-// - for a long K (at least kLongK times C's longer side, e.g. the tied head's input
-//   gradient, whose K is the vocabulary), also K parts: tiles alone would pack the long
-//   operands once per tile row or column. Part p > 0 goes to its own buffer, and the
-//   parts are added to C in order.
+// - for a long K (at least twice C's longer side: weight gradients over many tokens, the
+//   tied head's input gradient, whose K is the vocabulary), also K parts, one per
+//   multiple of that side, with fewer tiles: tiles alone would pack the long operands
+//   once per tile row or column. Part p > 0 goes to its own buffer (all of them at most
+//   kMaxPartialFloats), and the parts are added to C in order.
 constexpr int kGemmTiles = 16;
-constexpr int kLongK = 8;
+constexpr std::size_t kMaxPartialFloats = std::size_t(1) << 22;  // 16 MiB
 
 struct GemmGrid {
   int tile_rows, tile_cols;
   int k_step, k_parts;  // K in k_parts parts of k_step (the last may be shorter)
 };
 GemmGrid gemm_grid(int M, int N, int K) {
-  const int parts = std::clamp(K / (kLongK * std::max(M, N)), 1, kGemmTiles);
+  const int most_parts = int(std::min<std::size_t>(kGemmTiles, 1 + kMaxPartialFloats / (std::size_t(M) * N)));
+  const int parts = std::clamp(K / std::max(M, N), 1, most_parts);
   const int k_step = parts == 1 ? K : ((K + parts - 1) / parts + 15) / 16 * 16;
   const int k_parts = parts == 1 ? 1 : (K + k_step - 1) / k_step;
   const int tiles = (kGemmTiles + k_parts - 1) / k_parts;
