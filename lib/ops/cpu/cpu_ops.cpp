@@ -60,9 +60,11 @@ struct GemmGrid {
   int tile_rows, tile_cols;
   int k_step, k_parts;  // K in k_parts parts of k_step (the last may be shorter)
 };
-GemmGrid gemm_grid(int M, int N, int K) {
-  const int most_parts = int(std::min<std::size_t>(kGemmTiles, 1 + kMaxPartialFloats / (std::size_t(M) * N)));
-  const int parts = std::clamp(K / std::max(M, N), 1, most_parts);
+// M and N positive; whole_k: no K parts.
+GemmGrid gemm_grid(int M, int N, int K, bool whole_k = false) {
+  const std::size_t partial = std::size_t(M) * std::size_t(N);
+  const int most_parts = int(std::min<std::size_t>(kGemmTiles, 1 + kMaxPartialFloats / partial));
+  const int parts = whole_k ? 1 : std::clamp(K / std::max(M, N), 1, most_parts);
   const int k_step = parts == 1 ? K : ((K + parts - 1) / parts + 15) / 16 * 16;
   const int k_parts = parts == 1 ? 1 : (K + k_step - 1) / k_step;
   const int tiles = (kGemmTiles + k_parts - 1) / k_parts;
@@ -139,11 +141,15 @@ void CpuOps::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
 
 void CpuOps::linear_forward(float* out, float* gelu_out, const float* inp, const float* w,
                             const float* bias, int N, int Cin, int Cout) {
-  // Per output tile: the bias is written first and the product added to it (beta 1, so
+  PPTRAIN_CHECK(N >= 0 && Cin >= 0 && Cout >= 0, "linear_forward: negative size");
+  if (N == 0 || Cout == 0) return;
+  // Per output tile, over the whole K (a layer's K is its input width, long only for a
+  // handful of rows): the bias is written first and the product added to it (beta 1, so
   // OpenBLAS makes no pass to clear the tile), then GELU reads the tile from cache.
   auto write_bias = [&](int i0, int j0, int m, int n) {
     if (bias == nullptr) return;
-    for (int i = i0; i < i0 + m; ++i) std::copy(bias + j0, bias + j0 + n, out + std::size_t(i) * Cout + j0);
+    for (int i = i0; i < i0 + m; ++i)
+      std::copy(bias + j0, bias + j0 + n, out + std::size_t(i) * Cout + j0);
   };
   auto gelu = [&](int i0, int j0, int m, int n) {
     if (gelu_out == nullptr) return;
@@ -152,15 +158,8 @@ void CpuOps::linear_forward(float* out, float* gelu_out, const float* inp, const
       cpu::gelu_forward_range(gelu_out, out, row, row + n);
     }
   };
-  PPTRAIN_CHECK(N >= 0 && Cin >= 0 && Cout >= 0, "linear_forward: negative size");
-  if (N == 0 || Cout == 0) return;
-  GemmGrid g = gemm_grid(N, Cout, Cin);
-  if (g.k_parts > 1) {  // the hooks need whole products: tiles over the whole K
-    g = gemm_grid(N, Cout, 0);
-    g.k_step = Cin;
-  }
-  grid_gemm(g, false, false, N, Cout, Cin, 1.0f, inp, w, bias ? 1.0f : 0.0f, out, nullptr,
-            write_bias, gelu);
+  grid_gemm(gemm_grid(N, Cout, Cin, /*whole_k=*/true), false, false, N, Cout, Cin, 1.0f, inp, w,
+            bias ? 1.0f : 0.0f, out, nullptr, write_bias, gelu);
 }
 
 void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin,
