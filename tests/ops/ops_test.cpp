@@ -29,44 +29,35 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
-  const int M = 5, N = 7, K = 3;
-  const float alpha = 0.7f, beta = 0.3f;
+// ops.gemm of random A, B and C (NaN garbage when beta is 0) against a double loop, for
+// every transpose.
+void expect_gemm_matches_naive_loop(CpuOps& ops, int M, int N, int K, float alpha, float beta,
+                                    double tol) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       const std::vector<float> A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
-      std::vector<float> C = C0;
-      ops->gemm(ta, tb, M, N, K, alpha, A.data(), B.data(), beta, C.data());
+      std::vector<float> C = beta != 0.0f ? C0 : std::vector<float>(M * N, std::nanf(""));
+      ops.gemm(ta, tb, M, N, K, alpha, A.data(), B.data(), beta, C.data());
       for (int i = 0; i < M; ++i)
         for (int j = 0; j < N; ++j) {
           double s = 0;
           for (int k = 0; k < K; ++k)
             s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
-          EXPECT_NEAR(C[i * N + j], alpha * s + beta * C0[i * N + j], 1e-5)
-              << "ta=" << ta << " tb=" << tb << " at " << i << "," << j;
+          EXPECT_NEAR(C[i * N + j], alpha * s + beta * C0[i * N + j], tol)
+              << "K=" << K << " ta=" << ta << " tb=" << tb << " beta=" << beta << " at " << i
+              << "," << j;
         }
     }
 }
 
+TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
+  expect_gemm_matches_naive_loop(*ops, 5, 7, 3, 0.7f, 0.3f, 1e-5);
+}
+
 // K at least twice the output's longer side is cut into K parts, added in order.
 TEST_F(OpsTest, LongKGemmMatchesNaiveLoopForAllTransposes) {
-  const int M = 5, N = 7, K = 203;  // 12 K parts of 16 and one of 11
-  const float alpha = 0.7f;
-  for (float beta : {0.0f, 0.3f})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        const std::vector<float> A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
-        std::vector<float> C = beta != 0.0f ? C0 : std::vector<float>(M * N, std::nanf(""));
-        ops->gemm(ta, tb, M, N, K, alpha, A.data(), B.data(), beta, C.data());
-        for (int i = 0; i < M; ++i)
-          for (int j = 0; j < N; ++j) {
-            double s = 0;
-            for (int k = 0; k < K; ++k)
-              s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
-            EXPECT_NEAR(C[i * N + j], alpha * s + beta * C0[i * N + j], 2e-5)
-                << "ta=" << ta << " tb=" << tb << " beta=" << beta << " at " << i << "," << j;
-          }
-      }
+  for (float beta : {0.0f, 0.3f})  // K 203: 12 K parts of 16 and one of 11
+    expect_gemm_matches_naive_loop(*ops, 5, 7, 203, 0.7f, beta, 2e-5);
 }
 
 TEST_F(OpsTest, GemmWithBetaZeroOverwritesGarbage) {
@@ -295,26 +286,25 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
   auto run = [&](int threads) {
     CpuOps ops(threads);
     std::vector<std::pair<std::string, std::vector<float>>> out;
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (float beta : {0.0f, 1.0f}) {
-          std::vector<float> c(c0.begin(), c0.begin() + N * C);
-          ops.gemm(ta, tb, N, C, C, 0.5f, x.data(), w.data(), beta, c.data());
-          out.emplace_back("gemm ta " + std::to_string(ta) + " tb " + std::to_string(tb) +
-                               (beta != 0.0f ? " beta 1" : " beta 0"),
-                           c);
-        }
-    // K 48 times the output's side: split into K parts (as the tied head's input gradient).
-    const int Mk = 64, Nk = 64, Kk = N * 4 * C / 64;
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (float beta : {0.0f, 1.0f}) {
-          std::vector<float> c(c0.begin(), c0.begin() + Mk * Nk);
-          ops.gemm(ta, tb, Mk, Nk, Kk, 0.5f, x.data(), y.data(), beta, c.data());
-          out.emplace_back("long-K gemm ta " + std::to_string(ta) + " tb " + std::to_string(tb) +
-                               (beta != 0.0f ? " beta 1" : " beta 0"),
-                           c);
-        }
+    // The second shape's K is 48 times its output's side: split into K parts (as the tied
+    // head's input gradient).
+    struct Shape {
+      const char* name;
+      int M, N, K;
+      const float* B;
+    };
+    const Shape shapes[] = {{"gemm", N, C, C, w.data()},
+                            {"long-K gemm", 64, 64, N * 4 * C / 64, y.data()}};
+    for (const Shape& g : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (float beta : {0.0f, 1.0f}) {
+            std::vector<float> c(c0.begin(), c0.begin() + g.M * g.N);
+            ops.gemm(ta, tb, g.M, g.N, g.K, 0.5f, x.data(), g.B, beta, c.data());
+            out.emplace_back(std::string(g.name) + " ta " + std::to_string(ta) + " tb " +
+                                 std::to_string(tb) + (beta != 0.0f ? " beta 1" : " beta 0"),
+                             c);
+          }
     std::vector<float> lin(N * 4 * C), lin_gelu(N * 4 * C);
     ops.linear_forward(lin.data(), lin_gelu.data(), x.data(), w.data(), c0.data(), N, C, 4 * C);
     out.emplace_back("linear_forward", lin);
