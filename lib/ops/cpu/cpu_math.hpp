@@ -24,7 +24,9 @@ void in_column_ranges(int C, F f) {
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    auto edge = [&](int64_t k) { return int(std::min<int64_t>(C, (C * k / threads + 15) / 16 * 16)); };
+    auto edge = [&](int64_t k) {
+      return int(std::min<int64_t>(C, (C * k / threads + 15) / 16 * 16));
+    };
     const int c0 = edge(t), c1 = edge(t + 1);
     if (c0 < c1) f(c0, c1);
   }

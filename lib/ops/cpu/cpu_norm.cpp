@@ -1,7 +1,7 @@
 // CPU backend: LayerNorm (eps 1e-5, biased variance as PyTorch) and GELU (tanh form).
 // Row reductions run in double in a fixed order; rows (and GELU's elements) are split
-// over the OpenMP threads, column sums by column blocks, so results do not depend on
-// the thread count.
+// over the OpenMP threads, column sums by column ranges (each column summed by one
+// thread), so results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 
@@ -171,7 +171,9 @@ void in_thread_blocks(std::size_t n, F f) {
 }  // namespace
 
 void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
-  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { cpu::gelu_forward_range(out, inp, b, e); });
+  in_thread_blocks(n, [&](std::size_t b, std::size_t e) {
+    cpu::gelu_forward_range(out, inp, b, e);
+  });
 }
 
 void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
