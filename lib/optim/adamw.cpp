@@ -26,11 +26,14 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
-  // Bias corrections once per step, in double, then used as fp32 factors.
+  // 1 - beta and the bias corrections once per step, in double, then used as fp32
+  // factors.
   ops::AdamWStep h{};
   h.lr = lr;
   h.beta1 = float(beta1_);
   h.beta2 = float(beta2_);
+  h.one_minus_beta1 = float(1.0 - beta1_);
+  h.one_minus_beta2 = float(1.0 - beta2_);
   h.eps = float(eps_);
   h.inv_bias_correction1 = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
   h.inv_bias_correction2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));

@@ -1,8 +1,9 @@
-// The bf16-storage CPU test backend (see bf16_cpu_ops.hpp).
+// The CPU test backends with their own Act storage (see bf16_cpu_ops.hpp).
 #include "bf16_cpu_ops.hpp"
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 namespace pptrain::test_support {
 
@@ -26,7 +27,7 @@ namespace {
 using ops::Act;
 using ops::CpuOps;
 
-// fp32 copy of an Act array of n elements, and the write-back.
+// fp32 copy of a bf16 Act array of n elements, and the write-back.
 std::vector<float> widen(const Act* p, std::size_t n) {
   std::vector<float> out(n);
   const auto* b = reinterpret_cast<const uint16_t*>(p);
@@ -42,6 +43,8 @@ void narrow(Act* p, const std::vector<float>& v) {
 // copies; outputs in fp32 arrays (p's widened values when the op reads them, zeros
 // otherwise) that store() rounds into p.
 struct Bf16Arrays {
+  static constexpr DType kDType = DType::BF16;
+  static constexpr const char* kName = "cpu (bf16 storage, test backend)";
   class Input {
    public:
     Input(const Act* p, std::size_t n)
@@ -69,11 +72,31 @@ struct Bf16Arrays {
   static Output output(Act* p, std::size_t n, bool reads) { return {p, n, reads}; }
 };
 
-class Bf16CpuOps final : public ops::Fp32Forwarding<Bf16CpuOps, Bf16Arrays> {
+// fp32 Act arrays, each output moved one ulp towards +inf once the op has written it.
+struct OneUlpUpArrays {
+  static constexpr DType kDType = DType::F32;
+  static constexpr const char* kName = "cpu (fp32, outputs one ulp up, test backend)";
+  using Input = ops::Fp32Arrays::Input;
+  struct Output {
+    Act* p;
+    std::size_t n;
+    float* data() const { return reinterpret_cast<float*>(p); }
+    void store() const {
+      for (std::size_t i = 0; p && i < n; ++i) data()[i] = std::nextafter(data()[i], INFINITY);
+    }
+  };
+  static Input input(const Act* p, std::size_t /*n*/) { return {p}; }
+  static Output output(Act* p, std::size_t n, bool /*reads*/) { return {p, n}; }
+};
+
+// The CPU reference's ops on Act arrays seen through Arrays; memory, precision
+// conversions, the optimizer and attention forwarded here.
+template <typename Arrays>
+class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Arrays> {
  public:
   CpuOps& reference() { return cpu_; }
-  std::string name() const override { return "cpu (bf16 storage, test backend)"; }
-  DType compute_dtype() const override { return DType::BF16; }
+  std::string name() const override { return Arrays::kName; }
+  DType compute_dtype() const override { return Arrays::kDType; }
   bool device_memory() const override { return false; }
   void* allocate(std::size_t bytes) override { return cpu_.allocate(bytes); }
   void deallocate(void* p) noexcept override { cpu_.deallocate(p); }
@@ -84,11 +107,12 @@ class Bf16CpuOps final : public ops::Fp32Forwarding<Bf16CpuOps, Bf16Arrays> {
   void synchronize() override {}
 
   void to_compute(Act* dst, const float* src, std::size_t n) override {
-    narrow(dst, std::vector<float>(src, src + n));
+    typename Arrays::Output o = Arrays::output(dst, n, false);
+    std::memcpy(o.data(), src, n * 4);
+    o.store();
   }
   void to_float(float* dst, const Act* src, std::size_t n) override {
-    const auto v = widen(src, n);
-    std::memcpy(dst, v.data(), n * 4);
+    std::memcpy(dst, Arrays::input(src, n).data(), n * 4);
   }
   double sum_squares(const std::vector<ops::Span>& spans) override {
     return cpu_.sum_squares(spans);
@@ -105,16 +129,16 @@ class Bf16CpuOps final : public ops::Fp32Forwarding<Bf16CpuOps, Bf16Arrays> {
   }
   void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
                          int NH) override {
-    Bf16Arrays::Output o(out, elems(B, T, C), false);
+    typename Arrays::Output o = Arrays::output(out, this->elems(B, T, C), false);
     cpu_.attention_forward(o.data(), static_cast<float*>(state),
-                           Bf16Arrays::Input(qkv, elems(B, T, 3 * C)).data(), B, T, C, NH);
+                           Arrays::input(qkv, this->elems(B, T, 3 * C)).data(), B, T, C, NH);
     o.store();
   }
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
                           const void* state, int B, int T, int C, int NH) override {
-    Bf16Arrays::Output d(dqkv, elems(B, T, 3 * C), false);
-    cpu_.attention_backward(d.data(), Bf16Arrays::Input(dout, elems(B, T, C)).data(),
-                            Bf16Arrays::Input(qkv, elems(B, T, 3 * C)).data(),
+    typename Arrays::Output d = Arrays::output(dqkv, this->elems(B, T, 3 * C), false);
+    cpu_.attention_backward(d.data(), Arrays::input(dout, this->elems(B, T, C)).data(),
+                            Arrays::input(qkv, this->elems(B, T, 3 * C)).data(),
                             static_cast<const float*>(state), B, T, C, NH);
     d.store();
   }
@@ -125,6 +149,11 @@ class Bf16CpuOps final : public ops::Fp32Forwarding<Bf16CpuOps, Bf16Arrays> {
 
 }  // namespace
 
-std::unique_ptr<ops::Ops> make_bf16_cpu_ops() { return std::make_unique<Bf16CpuOps>(); }
+std::unique_ptr<ops::Ops> make_bf16_cpu_ops() {
+  return std::make_unique<StorageCpuOps<Bf16Arrays>>();
+}
+std::unique_ptr<ops::Ops> make_one_ulp_up_cpu_ops() {
+  return std::make_unique<StorageCpuOps<OneUlpUpArrays>>();
+}
 
 }  // namespace pptrain::test_support

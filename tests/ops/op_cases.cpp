@@ -181,6 +181,8 @@ std::vector<OpCase> make_cases() {
                    const AdamWStep h{1e-3f,
                                      0.9f,
                                      0.95f,
+                                     0.1f,
+                                     0.05f,
                                      1e-8f,
                                      0.1f,
                                      1.0f / (1 - 0.9f * 0.9f),

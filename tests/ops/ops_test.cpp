@@ -373,7 +373,7 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
     out.emplace_back("sum_squares", sq_bits);
 
     std::vector<float> p(w), m(w.size(), 0.01f), v(w.size(), 0.001f);
-    const AdamWStep h{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 10.0f, 20.0f, 0.5f};
+    const AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 10.0f, 20.0f, 0.5f};
     ops.adamw(p.data(), nullptr, y.data(), m.data(), v.data(), p.size(), h);
     out.emplace_back("adamw params", p);
     out.emplace_back("adamw m", m);

@@ -129,8 +129,8 @@ void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_a
                    float* exp_avg_sq, std::size_t n, const AdamWStep& h) {
   // The step's constants in locals and the arrays marked unaliased, so the loop
   // vectorises without reloading them per element.
-  const float beta1 = h.beta1, beta2 = h.beta2, one_minus_b1 = 1.0f - beta1,
-              one_minus_b2 = 1.0f - beta2, grad_scale = h.grad_scale, lr = h.lr, eps = h.eps,
+  const float beta1 = h.beta1, beta2 = h.beta2, one_minus_b1 = h.one_minus_beta1,
+              one_minus_b2 = h.one_minus_beta2, grad_scale = h.grad_scale, lr = h.lr, eps = h.eps,
               weight_decay = h.weight_decay, bc1 = h.inv_bias_correction1,
               bc2 = h.inv_bias_correction2;
   float* __restrict p = params;

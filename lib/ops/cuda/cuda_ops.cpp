@@ -145,8 +145,8 @@ double CudaOps::sum_squares(const std::vector<Span>& spans) {
 void CudaOps::adamw(float* params, Act* weights, const float* grads, float* m, float* v,
                     std::size_t n, const AdamWStep& h) {
   launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, n, h.lr,
-               h.beta1, h.beta2, h.eps, h.weight_decay, h.inv_bias_correction1,
-               h.inv_bias_correction2, h.grad_scale);
+               h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps, h.weight_decay,
+               h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale);
 }
 
 // ---- Entry points ----

@@ -96,8 +96,9 @@ void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_,
 // One AdamW update of n elements (see ops::Ops::adamw); weights may be null.
 template <typename T>
 void adamw(float* params, T* weights, const float* grads, float* m, float* v, std::size_t n,
-           float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
-           float inv_bc2, float grad_scale, cudaStream_t s);
+           float lr, float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
+           float eps, float weight_decay, float inv_bc1, float inv_bc2, float grad_scale,
+           cudaStream_t s);
 // *out = sum of x^2 in fp64, deterministic. `scratch` holds at least
 // sum_squares_scratch_doubles() doubles of device memory.
 void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cudaStream_t s);

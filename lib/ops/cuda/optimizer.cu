@@ -77,12 +77,13 @@ __global__ void sum_squares_final_kernel(double* __restrict__ out, const double*
 
 template <typename T>
 void adamw(float* params, T* weights, const float* grads, float* m, float* v, std::size_t n,
-           float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
-           float inv_bc2, float grad_scale, cudaStream_t s) {
+           float lr, float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
+           float eps, float weight_decay, float inv_bc1, float inv_bc2, float grad_scale,
+           cudaStream_t s) {
   if (n == 0) return;
   PPTRAIN_CHECK(params && grads && m && v, "adamw: null pointer");
-  const AdamWArgs h{lr,  beta1,        beta2,   1.0f - beta1, 1.0f - beta2,
-                    eps, weight_decay, inv_bc1, inv_bc2,      grad_scale};
+  const AdamWArgs h{lr,  beta1,        beta2,   one_minus_beta1, one_minus_beta2,
+                    eps, weight_decay, inv_bc1, inv_bc2,         grad_scale};
   if (aligned16({params, weights, grads, m, v}))
     adamw_kernel<T, 4>
         <<<grid_for((n + 3) / 4, kThreads), kThreads, 0, s>>>(params, weights, grads, m, v, n, h);
@@ -112,7 +113,7 @@ void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cu
 
 #define PPTRAIN_INSTANTIATE(T)                                                                \
   template void adamw<T>(float*, T*, const float*, float*, float*, std::size_t, float, float, \
-                         float, float, float, float, float, float, cudaStream_t);
+                         float, float, float, float, float, float, float, float, cudaStream_t);
 PPTRAIN_INSTANTIATE(float)
 PPTRAIN_INSTANTIATE(bf16)
 #undef PPTRAIN_INSTANTIATE

@@ -22,8 +22,8 @@ TYPED_TEST_SUITE(EmulatedOptimizer, ElementTypes, ElementTypeNames);
 
 TYPED_TEST(EmulatedOptimizer, AdamWMatchesCpu) {
   using T = TypeParam;
-  const ops::AdamWStep h{
-      1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f / (1 - 0.9f * 0.9f), 1.0f / (1 - 0.95f * 0.95f), 0.5f};
+  const ops::AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 1.0f / (1 - 0.9f * 0.9f),
+                         1.0f / (1 - 0.95f * 0.95f), 0.5f};
   for (std::size_t n : {1, 37, 1001, 4096})
     for (std::size_t skew : {0, 1})
       for (bool with_weights : {true, false}) {
@@ -33,8 +33,9 @@ TYPED_TEST(EmulatedOptimizer, AdamWMatchesCpu) {
         Device<float> dp(p, skew), dg(g, skew), dm(m, skew), dv(v, skew);
         Device<T> dw(n, skew);
         kern::adamw<T>(dp.get(), with_weights ? dw.get() : nullptr, dg.get(), dm.get(), dv.get(), n,
-                       h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.inv_bias_correction1,
-                       h.inv_bias_correction2, h.grad_scale, nullptr);
+                       h.lr, h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps,
+                       h.weight_decay, h.inv_bias_correction1, h.inv_bias_correction2,
+                       h.grad_scale, nullptr);
         this->cpu.adamw(p.data(), nullptr, g.data(), m.data(), v.data(), n, h);
         // The _rn intrinsics follow the CPU's operations one rounding at a time.
         EXPECT_TRUE(all_close(dp.read(), p, 1e-6)) << "params, n " << n;
