@@ -23,6 +23,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/stop_signal.hpp"
+#include "ops/cpu/blas_kernels.hpp"
 #include "plan/calibrate.hpp"
 #include "plan/planner.hpp"
 #include "plan/time_model.hpp"
@@ -244,6 +245,8 @@ __attribute__((section(".preinit_array"), used)) static void (*const install_sto
     &pptrain::StopSignals::install_at_startup;
 
 int main(int argc, char** argv) {
+  // Before anything else: OpenBLAS may have loaded with kernels older than this CPU's.
+  pptrain::ops::reexec_with_better_blas_kernels(argv);
   std::optional<pptrain::StopSignals> signals(std::in_place);
   const int code = run(argc, argv, signals);
   // exit() rather than return: `signals` stays installed while the libraries shut down,

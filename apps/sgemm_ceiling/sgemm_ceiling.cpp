@@ -11,7 +11,10 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ops/cpu/blas_kernels.hpp"
+
 int main(int argc, char** argv) {
+  pptrain::ops::reexec_with_better_blas_kernels(argv);  // the kernels pptrain runs
   if (argc < 5) {
     std::fprintf(stderr, "usage: pptrain-sgemm M N K THREADS [SECONDS]\n");
     return 2;

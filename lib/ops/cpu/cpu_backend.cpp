@@ -12,6 +12,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
+#include "ops/cpu/blas_kernels.hpp"
 #include "ops/cpu/cpu_math.hpp"
 #include "ops/cpu/cpu_ops.hpp"
 
@@ -23,7 +24,8 @@ const float* f(const Act* p) { return reinterpret_cast<const float*>(p); }
 }  // namespace
 
 std::string CpuOps::name() const {
-  return "cpu (fp32, OpenBLAS, " + (threads_ > 0 ? std::to_string(threads_) : std::string("all")) +
+  return "cpu (fp32, OpenBLAS " + blas_coretype() + ", " +
+         (threads_ > 0 ? std::to_string(threads_) : std::string("all")) +
          " threads)";
 }
 
