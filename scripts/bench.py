@@ -8,6 +8,8 @@ probabilities (unfused), it trains a few steps and prints one row:
 - tokens/s and model GFLOP/s (medians over the steps after the first);
 - that GFLOP/s as a share of the fp32 GEMM ceiling (build/pptrain-sgemm 768x3072x256,
   same threads) measured just before the run;
+- PyTorch's (system) OpenBLAS is given the kernel family pptrain runs
+  (OPENBLAS_CORETYPE, unless already set), so both sides' GEMMs are the same kernels;
 - the time from launch to the start of step 1 and the peak resident set;
 - when a Python with PyTorch is found, PyTorch's tokens/s for the same model, threads,
   batch and micro-batches (scripts/torch_gpt2_bench.py --device cpu), run just after,
@@ -47,9 +49,10 @@ SHAPES = [
 
 
 def sgemm_ceiling(threads):
+    """GFLOP/s, and the OpenBLAS kernel family pptrain runs."""
     out = subprocess.run([SGEMM, "768", "3072", "256", str(threads), "2"], capture_output=True,
                          text=True, check=True).stdout
-    return float(out.split(":")[1].split()[0])
+    return float(out.split(":")[1].split()[0]), out.split("(OpenBLAS ")[1].split(")")[0]
 
 
 def run_pptrain(config, shape, batch, micro_batches, attention, threads, steps, work):
@@ -129,7 +132,9 @@ def main():
             continue
         rounds = []
         for _ in range(args.rounds):
-            ceiling = sgemm_ceiling(args.threads)
+            ceiling, family = sgemm_ceiling(args.threads)
+            # PyTorch's OpenBLAS runs the same kernels, unless the user chose them.
+            os.environ.setdefault("OPENBLAS_CORETYPE", family)
             with tempfile.TemporaryDirectory() as work:
                 r = run_pptrain(config, shape, batch, micro_batches, attention, args.threads,
                                 args.steps, work)

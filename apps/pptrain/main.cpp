@@ -246,7 +246,7 @@ __attribute__((section(".preinit_array"), used)) static void (*const install_sto
 
 int main(int argc, char** argv) {
   // Before anything else: OpenBLAS may have loaded with kernels older than this CPU's.
-  pptrain::ops::reexec_with_better_blas_kernels(argv);
+  if (pptrain::ops::request_better_blas_kernels()) pptrain::StopSignals::exec_again(argv);
   std::optional<pptrain::StopSignals> signals(std::in_place);
   const int code = run(argc, argv, signals);
   // exit() rather than return: `signals` stays installed while the libraries shut down,

@@ -1,10 +1,13 @@
 // pptrain-sgemm: the fp32 GEMM ceiling of this machine, measured with the same OpenBLAS
 // (OpenMP build) and thread count pptrain's CPU backend uses. Benchmarks divide a run's
-// model FLOP/s by this figure, measured in the same run.
-// Usage: pptrain-sgemm M N K THREADS [SECONDS]; prints "sgemm MxNxK THREADS threads: G GFLOP/s"
-// (the best of repeated C = A @ B over about SECONDS, default 2).
+// model FLOP/s by this figure, measured in the same run. It runs the OpenBLAS kernels
+// pptrain runs (ops/cpu/blas_kernels.hpp).
+// Usage: pptrain-sgemm M N K THREADS [SECONDS]; prints "sgemm MxNxK THREADS threads:
+// G GFLOP/s (OpenBLAS FAMILY)" (the best of repeated C = A @ B over about SECONDS,
+// default 2).
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -14,7 +17,7 @@
 #include "ops/cpu/blas_kernels.hpp"
 
 int main(int argc, char** argv) {
-  pptrain::ops::reexec_with_better_blas_kernels(argv);  // the kernels pptrain runs
+  if (pptrain::ops::request_better_blas_kernels()) execv("/proc/self/exe", argv);  // as pptrain
   if (argc < 5) {
     std::fprintf(stderr, "usage: pptrain-sgemm M N K THREADS [SECONDS]\n");
     return 2;
@@ -40,7 +43,7 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (s < best) best = s;
   }
-  std::printf("sgemm %dx%dx%d %d threads: %.1f GFLOP/s\n", M, N, K, threads,
-              2.0 * M * N * K / best / 1e9);
+  std::printf("sgemm %dx%dx%d %d threads: %.1f GFLOP/s (OpenBLAS %s)\n", M, N, K, threads,
+              2.0 * M * N * K / best / 1e9, pptrain::ops::blas_coretype().c_str());
   return 0;
 }

@@ -19,11 +19,29 @@ void install(struct sigaction* old_term, struct sigaction* old_usr1) {
   sigaction(SIGTERM, &sa, old_term);
   sigaction(SIGUSR1, &sa, old_usr1);
 }
+
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
 }  // namespace
 
 void StopSignals::install_at_startup() {
   install(nullptr, nullptr);
   g_installed_at_startup = true;
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+void StopSignals::exec_again(char** argv) {
+  const sigset_t set = stop_signal_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  if (g_stop_signal != 0) raise(g_stop_signal);  // pending now, delivered after the exec
+  execv("/proc/self/exe", argv);
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 StopSignals::StopSignals() {

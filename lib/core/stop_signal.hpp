@@ -18,7 +18,14 @@ class StopSignals {
   // Installs the handlers before anything else of the process runs: called from the
   // executable's .preinit_array, ahead of the shared libraries' initialisers (tens of
   // milliseconds), so a stop requested meanwhile is kept for the first StopSignals.
+  // Also unblocks the two signals, which exec_again hands over blocked and pending.
   static void install_at_startup();
+
+  // Executes this program again with argv (the environment as it now is), keeping any
+  // stop request: the signals are blocked, one already received is raised again, and
+  // pending signals and the mask survive the exec, so the new image's start-up handlers
+  // receive them. Returns only when the exec fails, with the signals unblocked again.
+  static void exec_again(char** argv);
 
   StopSignals();   // installs the handlers; reads $PPTRAIN_STOP_FILE
   ~StopSignals();  // restores the previous ones

@@ -1,8 +1,6 @@
 // OpenBLAS's kernel family: the choice and the re-exec (see blas_kernels.hpp).
 #include "ops/cpu/blas_kernels.hpp"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <string_view>
 
@@ -48,12 +46,10 @@ std::string blas_coretype() {
   return name ? name : "";
 }
 
-void reexec_with_better_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice, or already done
+bool request_better_blas_kernels() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return false;  // the user's choice, or done
   const std::string family = better_blas_coretype(blas_coretype(), this_cpu_isa());
-  if (family.empty()) return;
-  if (setenv("OPENBLAS_CORETYPE", family.c_str(), 1) != 0) return;
-  execv("/proc/self/exe", argv);
+  return !family.empty() && setenv("OPENBLAS_CORETYPE", family.c_str(), 1) == 0;
 }
 
 }  // namespace pptrain::ops

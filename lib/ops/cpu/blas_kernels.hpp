@@ -4,7 +4,8 @@
 // kernels on Intel family 6 model 207, an AVX-512 CPU, at about an eighth of the sgemm
 // rate of its SkylakeX kernels there (docs/performance.md). OPENBLAS_CORETYPE, read
 // when the library loads, names the family; pptrain sets it when OpenBLAS's own choice
-// is older than the CPU's instruction sets allow, and the user has not set it.
+// is older than the CPU's instruction sets allow, and the user has not set it, and
+// executes itself again.
 #pragma once
 #include <string>
 
@@ -28,9 +29,8 @@ std::string better_blas_coretype(const std::string& chosen, const CpuIsa& isa);
 std::string blas_coretype();
 
 // When OPENBLAS_CORETYPE is unset and better_blas_coretype names a family: sets it and
-// executes this program again with the same arguments, so that OpenBLAS loads with it.
-// Returns when there is nothing to do, or when the exec fails (the run then goes on with
-// OpenBLAS's own choice).
-void reexec_with_better_blas_kernels(char** argv);
+// returns true. The caller then executes itself again, so that OpenBLAS loads with it
+// (if that exec fails, the run goes on with OpenBLAS's own choice).
+bool request_better_blas_kernels();
 
 }  // namespace pptrain::ops
