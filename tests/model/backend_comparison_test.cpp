@@ -35,8 +35,8 @@ TEST(BackendComparison, OneUlpUpInEveryOutputStaysWithinTheBounds) {
     const float ln = nudged.step(in, tg, step), lr = ref.step(in, tg, step);
     EXPECT_NEAR(ln, lr, 2e-5 * lr) << "step " << step;
     double worst = 0;
-    EXPECT_TRUE(gradients_close(ref.model.layout(), nudged.grads, ref.grads, kFp32GradientBound,
-                                &worst))
+    EXPECT_TRUE(
+        gradients_close(ref.model.layout(), nudged.grads, ref.grads, kFp32GradientBound, &worst))
         << "step " << step;
     EXPECT_TRUE(nudged.update) << "step " << step;
     std::printf("step %d: gradients %.3g of the fp32 bound\n", step, worst / kFp32GradientBound);

@@ -59,8 +59,8 @@ inline ::testing::AssertionResult gradients_close(const ParamLayout& layout,
   }
   if (worst) *worst = worst_ratio;
   if (bad == 0) return ::testing::AssertionSuccess() << "worst " << worst_ratio;
-  return ::testing::AssertionFailure() << bad << " tensors' gradients beyond " << bound
-                                       << " of their largest:" << failures.str();
+  return ::testing::AssertionFailure()
+         << bad << " tensors' gradients beyond " << bound << " of their largest:" << failures.str();
 }
 
 // The small GPT of the backend comparisons.

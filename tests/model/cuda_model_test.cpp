@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "bf16_cpu_ops.hpp"
@@ -52,30 +53,37 @@ TEST_P(CudaModelTest, LossGradientsAndUpdatesMatchTheCpu) {
   CheckedReplica gpu(ops::make_cuda_ops(0, GetParam()), t);
   CheckedReplica cpu(bf16 ? test_support::make_bf16_cpu_ops() : ops::make_cpu_ops(1), t);
   const ModelConfig m = test_support::comparison_model();
-  const auto in = tokens(2 * m.seq_len, m.vocab_size, 1), tg = tokens(2 * m.seq_len, m.vocab_size, 2);
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 1),
+             tg = tokens(2 * m.seq_len, m.vocab_size, 2);
   const double loss_tol = bf16 ? 1e-2 : 2e-5;
-  const double grad_bound = bf16 ? test_support::kBf16GradientBound : test_support::kFp32GradientBound;
+  const double grad_bound =
+      bf16 ? test_support::kBf16GradientBound : test_support::kFp32GradientBound;
   for (int step = 1; step <= 3; ++step) {
     gpu.model.write_params(cpu.params().data());
     const float lg = gpu.step(in, tg, step), lc = cpu.step(in, tg, step);
     ASSERT_TRUE(std::isfinite(lg)) << "step " << step;
     EXPECT_NEAR(lg, lc, loss_tol * lc) << "step " << step;
     double worst = 0;
-    EXPECT_TRUE(test_support::gradients_close(gpu.model.layout(), gpu.grads, cpu.grads, grad_bound, &worst))
+    EXPECT_TRUE(
+        test_support::gradients_close(gpu.model.layout(), gpu.grads, cpu.grads, grad_bound, &worst))
         << "step " << step;
     EXPECT_TRUE(gpu.update) << "CUDA, step " << step;
     EXPECT_TRUE(cpu.update) << "CPU, step " << step;
-    std::printf("step %d: loss %.9g vs %.9g, gradients %.3g of the bound, updates %.3g and %.3g of theirs\n",
-                step, lg, lc, worst / grad_bound, gpu.update_worst, cpu.update_worst);
+    std::printf(
+        "step %d: loss %.9g vs %.9g, gradients %.3g of the bound, updates %.3g and %.3g of "
+        "theirs\n",
+        step, lg, lc, worst / grad_bound, gpu.update_worst, cpu.update_worst);
   }
 }
 
 TEST_P(CudaModelTest, EvaluationLossesArePerPositionAndMatch) {
   TrainConfig t;
   CheckedReplica gpu(ops::make_cuda_ops(0, GetParam()), t);
-  CheckedReplica cpu(GetParam() == DType::BF16 ? test_support::make_bf16_cpu_ops() : ops::make_cpu_ops(1), t);
+  CheckedReplica cpu(
+      GetParam() == DType::BF16 ? test_support::make_bf16_cpu_ops() : ops::make_cpu_ops(1), t);
   const ModelConfig m = test_support::comparison_model();
-  const auto in = tokens(2 * m.seq_len, m.vocab_size, 3), tg = tokens(2 * m.seq_len, m.vocab_size, 4);
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 3),
+             tg = tokens(2 * m.seq_len, m.vocab_size, 4);
   gpu.model.forward(in.data(), tg.data(), 0.0f);
   cpu.model.forward(in.data(), tg.data(), 0.0f);
   EXPECT_LE(relative_error(gpu.model.position_losses(), cpu.model.position_losses()),
@@ -86,7 +94,8 @@ TEST_P(CudaModelTest, EvaluationLossesArePerPositionAndMatch) {
 // and gradients of recompute: none, bit for bit (W right after B, and W deferred).
 TEST_P(CudaModelTest, RecomputationChangesNoBit) {
   const ModelConfig m = test_support::comparison_model();
-  const auto in = tokens(2 * m.seq_len, m.vocab_size, 5), tg = tokens(2 * m.seq_len, m.vocab_size, 6);
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 5),
+             tg = tokens(2 * m.seq_len, m.vocab_size, 6);
   for (bool fused_attention : {false, true}) {
     if (fused_attention && GetParam() != DType::BF16) continue;  // the fused kernels are bf16
     for (bool follows : {true, false}) {

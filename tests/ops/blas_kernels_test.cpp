@@ -22,17 +22,23 @@ TEST(BlasKernels, NewestFamilyTheInstructionSetsRunWhenOpenBlasChoseAnOlderOne) 
     const char* want;
   };
   const Row rows[] = {
-      {"Prescott", avx512, "SkylakeX"},   {"Prescott", avx2, "Haswell"},
-      {"Prescott", avx, "Sandybridge"},   {"Prescott", sse, ""},
-      {"Nehalem", avx512, "SkylakeX"},    {"Core2", avx2, "Haswell"},
-      {"Sandybridge", avx512, "SkylakeX"}, {"Sandybridge", avx, ""},
-      {"Haswell", avx512, "SkylakeX"},    {"Haswell", avx2, ""},
-      {"SkylakeX", avx512, ""},           {"Cooperlake", avx512, ""},
-      {"SapphireRapids", avx512, ""},     {"Zen", avx2, ""},
+      {"Prescott", avx512, "SkylakeX"},
+      {"Prescott", avx2, "Haswell"},
+      {"Prescott", avx, "Sandybridge"},
+      {"Prescott", sse, ""},
+      {"Nehalem", avx512, "SkylakeX"},
+      {"Core2", avx2, "Haswell"},
+      {"Sandybridge", avx512, "SkylakeX"},
+      {"Sandybridge", avx, ""},
+      {"Haswell", avx512, "SkylakeX"},
+      {"Haswell", avx2, ""},
+      {"SkylakeX", avx512, ""},
+      {"Cooperlake", avx512, ""},
+      {"SapphireRapids", avx512, ""},
+      {"Zen", avx2, ""},
       {"", avx512, ""},
   };
-  for (const Row& r : rows)
-    EXPECT_EQ(better_blas_coretype(r.chosen, r.isa), r.want) << r.chosen;
+  for (const Row& r : rows) EXPECT_EQ(better_blas_coretype(r.chosen, r.isa), r.want) << r.chosen;
 }
 
 TEST(BlasKernels, PptrainRunsKernelsAsNewAsThisCpuAllows) {
@@ -41,7 +47,8 @@ TEST(BlasKernels, PptrainRunsKernelsAsNewAsThisCpuAllows) {
   const std::string command = std::string("env -u OPENBLAS_CORETYPE ") + PPTRAIN_BINARY +
                               " --config " + PPTRAIN_SOURCE_DIR +
                               "/configs/tiny.yaml --set train.steps=1 --set logging.metrics= "
-                              "--set checkpoint.dir=" + dir + "/ckpt 2>&1";
+                              "--set checkpoint.dir=" +
+                              dir + "/ckpt 2>&1";
   FILE* out = popen(command.c_str(), "r");
   ASSERT_NE(out, nullptr);
   std::string log;

@@ -84,14 +84,15 @@ class Verdict {
     if (!(ratio <= worst_)) worst_ = ratio;  // NaN sticks
     if (!(err <= allowed) && bad_++ == 0) {
       std::ostringstream s;
-      s << array << "[" << i << "]: got " << got << ", reference " << want.value
-        << ", error " << err << " > bound " << allowed;
+      s << array << "[" << i << "]: got " << got << ", reference " << want.value << ", error "
+        << err << " > bound " << allowed;
       first_ = s.str();
     }
   }
   void unchanged(const char* array, std::size_t i, float before, float after) {
     if (std::memcmp(&before, &after, sizeof before) == 0) return;
-    if (bad_++ == 0) first_ = std::string(array) + " changed between entries at " + std::to_string(i);
+    if (bad_++ == 0)
+      first_ = std::string(array) + " changed between entries at " + std::to_string(i);
   }
   ::testing::AssertionResult result(double* worst) const {
     if (worst) *worst = worst_;
@@ -137,9 +138,9 @@ ops::AdamWStep adamw_step_constants(const AdamWSpec& s) {
 
 ::testing::AssertionResult adamw_update_within_bound(const AdamWState& before,
                                                      const std::vector<float>& grads,
-                                                     const AdamWState& after,
-                                                     const AdamWSpec& spec, std::size_t begin,
-                                                     std::size_t end, double* worst) {
+                                                     const AdamWState& after, const AdamWSpec& spec,
+                                                     std::size_t begin, std::size_t end,
+                                                     double* worst) {
   Verdict verdict;
   check_range(verdict, before, grads, after, spec, spec.weight_decay, begin, end);
   return verdict.result(worst);
@@ -161,8 +162,8 @@ ops::AdamWStep adamw_step_constants(const AdamWSpec& s) {
   std::size_t next = 0;  // first element not yet checked
   for (const ParamEntry& e : layout.entries()) {
     unchanged(next, e.offset);
-    check_range(verdict, before, grads, after, spec, e.decay ? train.weight_decay : 0.0,
-                e.offset, e.offset + e.numel);
+    check_range(verdict, before, grads, after, spec, e.decay ? train.weight_decay : 0.0, e.offset,
+                e.offset + e.numel);
     next = e.offset + e.numel;
   }
   unchanged(next, before.params.size());

@@ -2,16 +2,19 @@
 // the real update, and the real update with every output moved by one ulp; it rejects
 // updates with a known mistake in the formula, each made by handing the real kernel
 // wrong constants.
+#include "adamw_check.hpp"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "adamw_check.hpp"
 #include "core/random.hpp"
 #include "ops/ops.hpp"
 
@@ -30,8 +33,9 @@ ops::Ops& cpu() {
 std::vector<float> gradients(uint64_t key) {
   std::vector<float> g(kN);
   for (std::size_t i = 0; i < kN; ++i)
-    g[i] = i % 16 == 0 ? 0.0f
-                       : float(standard_normal(hash_words(key, i)) * std::pow(10.0, -double(i % 9)));
+    g[i] = i % 16 == 0
+               ? 0.0f
+               : float(standard_normal(hash_words(key, i)) * std::pow(10.0, -double(i % 9)));
   return g;
 }
 
@@ -44,7 +48,8 @@ AdamWState updated(AdamWState s, const std::vector<float>& g, const ops::AdamWSt
 // update t starts from.
 AdamWState state_before(const AdamWSpec& spec) {
   AdamWState s{std::vector<float>(kN), std::vector<float>(kN, 0.0f), std::vector<float>(kN, 0.0f)};
-  for (std::size_t i = 0; i < kN; ++i) s.params[i] = float(0.02 * standard_normal(hash_words(7, i)));
+  for (std::size_t i = 0; i < kN; ++i)
+    s.params[i] = float(0.02 * standard_normal(hash_words(7, i)));
   for (int64_t t = 1; t < spec.t; ++t) {
     AdamWSpec earlier = spec;
     earlier.t = t;
