@@ -40,7 +40,8 @@ inline const Act* as_act(const float* p) { return reinterpret_cast<const Act*>(p
 struct AdamWStep {
   float lr, beta1, beta2;
   // 1 - beta in double, then rounded once: 1 minus the fp32 beta would be off by up to
-  // u beta / (1 - beta) of itself (u = 2^-24; about 1000 u for beta 0.999)
+  // u beta / (1 - beta) of itself (u = 2^-24; 216 u for beta 0.999, where the bound is
+  // 999 u)
   float one_minus_beta1, one_minus_beta2;
   float eps, weight_decay;
   float inv_bias_correction1, inv_bias_correction2;  // 1/(1-beta^t)
