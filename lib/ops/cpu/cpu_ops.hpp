@@ -1,8 +1,9 @@
 // The fp32 CPU backend's class, and the Act entry points it shares with the bf16-storage
 // test backend (tests/model/bf16_cpu_ops.cpp). The rest of the code base sees only
 // pptrain::ops::Ops and make_cpu_ops; tests use the fp32-array overloads directly. The op
-// bodies are spread over cpu_ops.cpp (GEMM, bias, embedding, elementwise), cpu_norm.cpp
-// (LayerNorm, GELU), cpu_loss.cpp (cross-entropy) and cpu_attention.cpp.
+// bodies are spread over cpu_ops.cpp (GEMM, through cpu_gemm.cpp; bias, embedding,
+// elementwise), cpu_norm.cpp (LayerNorm, GELU), cpu_loss.cpp (cross-entropy) and
+// cpu_attention.cpp.
 // An object keeps scratch buffers between calls, so it must not be shared by
 // threads that call it concurrently; results never depend on the scratch contents.
 #pragma once
@@ -13,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/cpu/cpu_gemm.hpp"
 #include "ops/memory_tracker.hpp"
 #include "ops/ops.hpp"
 
@@ -255,6 +257,8 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
 
   std::vector<float> fscratch_;
   std::vector<double> dscratch_;
+  cpu::GemmWorkspace gemm_workspace_;
+  cpu::GemmKernel gemm_kernel_ = cpu::best_gemm_kernel();
   int threads_;
   bool blocked_attention_;
   MemoryTracker memory_;  // what allocate() hands out (the scratch above is not counted)

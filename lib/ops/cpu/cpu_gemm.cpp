@@ -1,0 +1,442 @@
+// The CPU backend's blocked fp32 GEMM (see cpu_gemm.hpp for the summation order).
+#include "ops/cpu/cpu_gemm.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/error.hpp"
+#include "ops/cpu/blas_kernels.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace pptrain::ops::cpu {
+namespace {
+
+constexpr int kKc = kGemmKBlock;
+// The most rows one work item packs: MC x KC floats stay in the core's L2.
+constexpr int kMcMax = 144;
+constexpr int kMcMin = 48;
+// Columns of packed op(B) that one strip of op(A) meets in turn: KC x 256 floats
+// (256 KiB) stay in L2. Also the widest item when op(A) is the shared operand.
+constexpr int kChunk = 256;
+
+// acc holds an MR x NR tile (row i at acc + i * NR); writes its m x n corner to C.
+// beta 0: C = alpha acc; otherwise fma(beta, C, alpha acc).
+void store_tile(const float* acc, int nr, float* c, int ldc, int m, int n, float alpha,
+                float beta) {
+  for (int i = 0; i < m; ++i) {
+    float* row = c + std::size_t(i) * ldc;
+    for (int j = 0; j < n; ++j) {
+      const float t = alpha * acc[i * nr + j];
+      row[j] = beta == 0.0f ? t : std::fma(beta, row[j], t);
+    }
+  }
+}
+
+// A micro-kernel: the product of an MR-row strip of op(A) (kc x MR, k-major) and an
+// NR-column strip of op(B) (kc x NR, k-major), put into the m x n corner of C.
+using MicroKernel = void (*)(int kc, const float* a, const float* b, float* c, int ldc, int m,
+                             int n, float alpha, float beta);
+struct KernelShape {
+  int mr, nr;
+  MicroKernel run;
+};
+
+template <int MR, int NR>
+void portable_kernel(int kc, const float* a, const float* b, float* c, int ldc, int m, int n,
+                     float alpha, float beta) {
+  float acc[MR * NR] = {};
+  for (int k = 0; k < kc; ++k)
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j)
+        acc[i * NR + j] = std::fma(a[k * MR + i], b[k * NR + j], acc[i * NR + j]);
+  store_tile(acc, NR, c, ldc, m, n, alpha, beta);
+}
+
+#if defined(__x86_64__)
+// 12 x 32: 24 accumulators, two loads of op(B) and 12 broadcasts of op(A) per k.
+__attribute__((target("avx512f"))) void avx512_kernel(int kc, const float* a, const float* b,
+                                                      float* c, int ldc, int m, int n,
+                                                      float alpha, float beta) {
+  constexpr int MR = 12, NR = 32;
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[k * MR + i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if (m == MR && n == NR) {
+    for (int i = 0; i < MR; ++i) {
+      float* row = c + std::size_t(i) * ldc;
+      for (int h = 0; h < 2; ++h) {
+        const __m512 t = _mm512_mul_ps(va, acc[i][h]);
+        _mm512_storeu_ps(row + 16 * h, beta == 0.0f
+                                           ? t
+                                           : _mm512_fmadd_ps(vb, _mm512_loadu_ps(row + 16 * h), t));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[MR * NR];
+  for (int i = 0; i < MR; ++i) {
+    _mm512_store_ps(tile + i * NR, acc[i][0]);
+    _mm512_store_ps(tile + i * NR + 16, acc[i][1]);
+  }
+  store_tile(tile, NR, c, ldc, m, n, alpha, beta);
+}
+
+// 6 x 16: 12 accumulators, two loads of op(B) and 6 broadcasts of op(A) per k.
+__attribute__((target("avx2,fma"))) void avx2_kernel(int kc, const float* a, const float* b,
+                                                     float* c, int ldc, int m, int n, float alpha,
+                                                     float beta) {
+  constexpr int MR = 6, NR = 16;
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + k * MR + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (m == MR && n == NR) {
+    for (int i = 0; i < MR; ++i) {
+      float* row = c + std::size_t(i) * ldc;
+      for (int h = 0; h < 2; ++h) {
+        const __m256 t = _mm256_mul_ps(va, acc[i][h]);
+        _mm256_storeu_ps(row + 8 * h,
+                         beta == 0.0f ? t : _mm256_fmadd_ps(vb, _mm256_loadu_ps(row + 8 * h), t));
+      }
+    }
+    return;
+  }
+  alignas(32) float tile[MR * NR];
+  for (int i = 0; i < MR; ++i) {
+    _mm256_store_ps(tile + i * NR, acc[i][0]);
+    _mm256_store_ps(tile + i * NR + 8, acc[i][1]);
+  }
+  store_tile(tile, NR, c, ldc, m, n, alpha, beta);
+}
+#endif
+
+KernelShape kernel_shape(GemmKernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == GemmKernel::avx512) return {12, 32, avx512_kernel};
+  if (kernel == GemmKernel::avx2) return {6, 16, avx2_kernel};
+#endif
+  return {4, 16, portable_kernel<4, 16>};
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
+// Packing writes a strip: `width` lines of kc floats, k-major (dst[k * width + r] is line
+// r at depth k), lines past `lines` zero. A line is a row of op(A) or a column of op(B).
+// Packing moves floats and computes nothing, so how it runs changes no result; the
+// vector forms run where the kernel's instruction set does.
+// pack_contiguous: line r at depth k is src[k * ld + r] (each depth's lines adjacent).
+void pack_contiguous(const float* src, std::size_t ld, int lines, int kc, int width, float* dst) {
+  for (int k = 0; k < kc; ++k) {
+    const float* s = src + k * ld;
+    float* d = dst + std::size_t(k) * width;
+    for (int r = 0; r < lines; ++r) d[r] = s[r];
+    for (int r = lines; r < width; ++r) d[r] = 0.0f;
+  }
+}
+
+#if defined(__x86_64__)
+// The same with masked AVX-512 moves, 16 lines at a time.
+__attribute__((target("avx512f"))) void pack_contiguous_avx512(const float* src, std::size_t ld,
+                                                              int lines, int kc, int width,
+                                                              float* dst) {
+  auto mask = [](int n) { return __mmask16(n >= 16 ? 0xffff : (1u << std::max(n, 0)) - 1); };
+  for (int k = 0; k < kc; ++k) {
+    const float* s = src + k * ld;
+    float* d = dst + std::size_t(k) * width;
+    for (int r = 0; r < width; r += 16)
+      _mm512_mask_storeu_ps(d + r, mask(width - r), _mm512_maskz_loadu_ps(mask(lines - r), s + r));
+  }
+}
+
+// Lines r0.. of a transposed strip in blocks of 8 lines by 8 depths, each an 8 x 8
+// transpose in AVX registers; returns the first line not packed (a multiple of 8).
+__attribute__((target("avx"))) int pack_transposed_by_8(const float* src, std::size_t ld,
+                                                        int lines, int kc, int width,
+                                                        float* dst) {
+  int r0 = 0;
+  const int k8 = kc / 8 * 8;
+  for (; r0 + 8 <= lines; r0 += 8) {
+    const float* s = src + r0 * ld;
+    for (int k = 0; k < k8; k += 8) {
+      __m256 row[8];
+      for (int i = 0; i < 8; ++i) row[i] = _mm256_loadu_ps(s + i * ld + k);
+      // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves: column
+      // c of the block ends in row[c].
+      __m256 t[8], u[8];
+      for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(row[2 * i], row[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(row[2 * i], row[2 * i + 1]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const int o = 4 * h;
+        u[o] = _mm256_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[o + 1] = _mm256_shuffle_ps(t[o], t[o + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[o + 2] = _mm256_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[o + 3] = _mm256_shuffle_ps(t[o + 1], t[o + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      for (int c = 0; c < 4; ++c) {
+        row[c] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x20);
+        row[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
+      }
+      float* d = dst + std::size_t(k) * width + r0;
+      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(d + std::size_t(c) * width, row[c]);
+    }
+    for (int k = k8; k < kc; ++k)
+      for (int i = 0; i < 8; ++i) dst[std::size_t(k) * width + r0 + i] = s[i * ld + k];
+  }
+  return r0;
+}
+#endif
+
+// pack_transposed: line r at depth k is src[r * ld + k] (each line contiguous): 8 x 8
+// blocks (AVX), then 4 x 4 blocks (SSE) transposed in registers, the rest one by one.
+void pack_transposed(const float* src, std::size_t ld, int lines, int kc, int width, float* dst,
+                     bool avx) {
+  int r0 = 0;
+#if defined(__x86_64__)
+  if (avx) r0 = pack_transposed_by_8(src, ld, lines, kc, width, dst);
+  const int k4 = kc / 4 * 4;
+  for (; r0 + 4 <= lines; r0 += 4) {
+    const float* s = src + r0 * ld;
+    for (int k = 0; k < k4; k += 4) {
+      __m128 l0 = _mm_loadu_ps(s + k), l1 = _mm_loadu_ps(s + ld + k);
+      __m128 l2 = _mm_loadu_ps(s + 2 * ld + k), l3 = _mm_loadu_ps(s + 3 * ld + k);
+      _MM_TRANSPOSE4_PS(l0, l1, l2, l3);
+      float* d = dst + std::size_t(k) * width + r0;
+      _mm_storeu_ps(d, l0);
+      _mm_storeu_ps(d + width, l1);
+      _mm_storeu_ps(d + 2 * width, l2);
+      _mm_storeu_ps(d + 3 * width, l3);
+    }
+    for (int k = k4; k < kc; ++k)
+      for (int r = 0; r < 4; ++r) dst[std::size_t(k) * width + r0 + r] = s[r * ld + k];
+  }
+#else
+  (void)avx;
+#endif
+  for (int r = r0; r < width; ++r) {
+    const float* s = src + r * ld;
+    for (int k = 0; k < kc; ++k) dst[std::size_t(k) * width + r] = r < lines ? s[k] : 0.0f;
+  }
+}
+
+// A strip of `lines` lines, each contiguous (transposed) or each depth's lines adjacent.
+void pack_strip(GemmKernel kernel, bool transposed, const float* src, std::size_t ld, int lines,
+                int kc, int width, float* dst) {
+  if (transposed) return pack_transposed(src, ld, lines, kc, width, dst,
+                                         kernel != GemmKernel::portable);
+#if defined(__x86_64__)
+  if (kernel == GemmKernel::avx512) return pack_contiguous_avx512(src, ld, lines, kc, width, dst);
+#endif
+  pack_contiguous(src, ld, lines, kc, width, dst);
+}
+
+// op(A)'s rows i0..i0+m, depth k0..k0+kc, as strips of mr rows one after another.
+void pack_a(const GemmArgs& g, GemmKernel kernel, int i0, int m, int k0, int kc, int mr,
+            float* dst) {
+  m = std::min(m, g.M - i0);
+  for (int s = 0; s < m; s += mr, dst += std::size_t(mr) * kc) {
+    const int rows = std::min(mr, m - s);
+    if (g.trans_a)
+      pack_strip(kernel, false, g.A + std::size_t(k0) * g.lda + i0 + s, g.lda, rows, kc, mr, dst);
+    else
+      pack_strip(kernel, true, g.A + std::size_t(i0 + s) * g.lda + k0, g.lda, rows, kc, mr, dst);
+  }
+}
+
+// op(B)'s columns j0..j0+n, depth k0..k0+kc, as strips of nr columns one after another.
+void pack_b(const GemmArgs& g, GemmKernel kernel, int j0, int n, int k0, int kc, int nr,
+            float* dst) {
+  n = std::min(n, g.N - j0);
+  for (int s = 0; s < n; s += nr, dst += std::size_t(nr) * kc) {
+    const int cols = std::min(nr, n - s);
+    if (g.trans_b)
+      pack_strip(kernel, true, g.B + std::size_t(j0 + s) * g.ldb + k0, g.ldb, cols, kc, nr, dst);
+    else
+      pack_strip(kernel, false, g.B + std::size_t(k0) * g.ldb + j0 + s, g.ldb, cols, kc, nr, dst);
+  }
+}
+
+float* aligned(std::vector<float>& v, std::size_t floats) {
+  constexpr std::size_t kAlign = 64 / sizeof(float);
+  if (v.size() < floats + kAlign) v.resize(floats + kAlign);
+  const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+  return v.data() + (kAlign - (at / sizeof(float)) % kAlign) % kAlign;
+}
+
+}  // namespace
+
+bool cpu_runs(GemmKernel kernel) {
+  const CpuIsa isa = this_cpu_isa();
+  switch (kernel) {
+    case GemmKernel::avx512:
+      return isa.avx512;
+    case GemmKernel::avx2:
+      return isa.avx2_fma;
+    case GemmKernel::portable:
+      return true;
+  }
+  return false;
+}
+
+GemmKernel best_gemm_kernel() {
+  static const GemmKernel best = cpu_runs(GemmKernel::avx512) ? GemmKernel::avx512
+                                 : cpu_runs(GemmKernel::avx2) ? GemmKernel::avx2
+                                                              : GemmKernel::portable;
+  return best;
+}
+
+const char* gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::avx512:
+      return "avx512";
+    case GemmKernel::avx2:
+      return "avx2";
+    case GemmKernel::portable:
+      return "portable";
+  }
+  return "?";
+}
+
+float* GemmWorkspace::packed_shared(std::size_t floats) { return aligned(shared_, floats); }
+float* GemmWorkspace::packed_own(std::size_t floats) { return aligned(own_, floats); }
+
+namespace {
+
+// Runs the kernel over a tile of C (m x n from i0, j0) for one K block of depth kc, from
+// packed strips: op(A)'s rows from i0 at `a` (strips of MR one after another), op(B)'s
+// columns from j0 at `b` (strips of NR). Columns go in chunks whose packed op(B) stays in
+// L2, each strip of op(A) (in L1) meeting every strip of the chunk.
+void run_tile(const GemmArgs& g, const KernelShape& ks, int kc, const float* a, const float* b,
+              int i0, int j0, int m, int n, float beta) {
+  for (int jq = 0; jq < n; jq += kChunk) {
+    const int chunk = std::min(kChunk, n - jq);
+    for (int ir = 0; ir < m; ir += ks.mr)
+      for (int jr = jq; jr < jq + chunk; jr += ks.nr)
+        ks.run(kc, a + std::size_t(ir) * kc, b + std::size_t(jr) * kc,
+               g.C + std::size_t(i0 + ir) * g.ldc + j0 + jr, g.ldc, std::min(ks.mr, m - ir),
+               std::min(ks.nr, n - jr), g.alpha, beta);
+  }
+}
+
+// Items: at least this many a thread, so that a slower core (on a shared machine one
+// often is) finishes late by one small item at most.
+constexpr int kItemsPerThread = 4;
+// The shared operand is packed for several K blocks at once, at most this many floats
+// (4 MiB), so that the threads meet at a barrier once per group of K blocks, not per block.
+constexpr std::size_t kSharedFloats = std::size_t(1) << 18;
+
+// The largest count of `unit`-wide pieces that cuts `units` into at least `target` pieces,
+// their number a multiple of `threads` where one fits (equal pieces, equal shares).
+int piece_units(int units, int target, int threads) {
+  int per = std::max(1, ceil_div(units, target));
+  for (int p = per; p >= std::max(1, per / 2); --p)
+    if (ceil_div(units, p) % threads == 0) return p;
+  return per;
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTileHook& before_tile,
+          const GemmTileHook& after_tile) {
+  PPTRAIN_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
+  if (g.M == 0 || g.N == 0) return;
+  PPTRAIN_CHECK(cpu_runs(kernel),
+                std::string("gemm: this CPU cannot run the ") + gemm_kernel_name(kernel) + " kernel");
+  const KernelShape ks = kernel_shape(kernel);
+  const int threads = omp_get_max_threads();
+  const int target = kItemsPerThread * threads;
+  // The smaller operand is packed by all threads together and shared; each item packs
+  // its own part of the larger one just before using it, so that part is packed once,
+  // by the core that reads it, and read from its L2. Items are tiles of C:
+  // - M >= N (op(B) shared): row blocks of at most kMcMax rows (whose packed op(A) stays
+  //   in L2) by column groups, when rows alone give too few items;
+  // - M < N (op(A) shared): column blocks of at most kChunk columns, all rows.
+  const bool share_b = g.M >= g.N;
+  int row_block = g.M, col_block = g.N;
+  if (share_b) {
+    const int rb = std::clamp(target, ceil_div(g.M, kMcMax), std::max(1, g.M / kMcMin));
+    row_block = round_up(ceil_div(g.M, rb), ks.mr);
+    const int groups = std::clamp(ceil_div(target, ceil_div(g.M, row_block)), 1,
+                                  std::max(1, g.N / 64));
+    col_block = round_up(ceil_div(g.N, groups), ks.nr);
+  } else {
+    const int strips = ceil_div(g.N, ks.nr);
+    col_block = ks.nr * piece_units(strips, std::max(target, ceil_div(g.N, kChunk)), threads);
+  }
+  const int row_blocks = ceil_div(g.M, row_block), col_blocks = ceil_div(g.N, col_block);
+
+  const int k_blocks = std::max(1, ceil_div(g.K, kKc));
+  const int kc_max = std::min(std::max(g.K, 1), kKc);
+  const int shared_unit = share_b ? ks.nr : ks.mr;
+  const int shared_strips = ceil_div(share_b ? g.N : g.M, shared_unit);
+  const std::size_t shared_block = std::size_t(shared_strips) * shared_unit * kc_max;
+  const int group = std::clamp(int(kSharedFloats / shared_block), 1, k_blocks);
+  float* shared = ws.packed_shared(shared_block * group * threads);
+  const std::size_t own_floats = std::size_t(share_b ? row_block : col_block) * kc_max;
+  float* own = ws.packed_own(own_floats * threads);
+
+#pragma omp parallel
+  {
+    float* mine = own + own_floats * omp_get_thread_num();
+    float* my_shared = shared + shared_block * group * omp_get_thread_num();
+    for (int kb0 = 0; kb0 < k_blocks; kb0 += group) {
+      const int blocks = std::min(group, k_blocks - kb0);
+      for (int b = 0; b < blocks; ++b) {
+        const int k0 = (kb0 + b) * kKc, kc = std::min(kKc, g.K - k0);
+        float* dst = my_shared + b * shared_block;
+        if (share_b)
+          pack_b(g, kernel, 0, g.N, k0, kc, ks.nr, dst);
+        else
+          pack_a(g, kernel, 0, g.M, k0, kc, ks.mr, dst);
+      }
+#pragma omp for schedule(dynamic) nowait
+      for (int item = 0; item < row_blocks * col_blocks; ++item) {
+        const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
+        const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
+        if (kb0 == 0 && before_tile) before_tile(i0, j0, m, n);
+        for (int b = 0; b < blocks; ++b) {
+          const int kb = kb0 + b, k0 = kb * kKc, kc = std::min(kKc, g.K - k0);
+          const float* a = my_shared + b * shared_block + std::size_t(i0) * kc;
+          const float* bp = my_shared + b * shared_block + std::size_t(j0) * kc;
+          if (share_b) {
+            pack_a(g, kernel, i0, m, k0, kc, ks.mr, mine);
+            a = mine;
+          } else {
+            pack_b(g, kernel, j0, n, k0, kc, ks.nr, mine);
+            bp = mine;
+          }
+          run_tile(g, ks, kc, a, bp, i0, j0, m, n, kb == 0 ? g.beta : 1.0f);
+        }
+        if (kb0 + blocks == k_blocks && after_tile) after_tile(i0, j0, m, n);
+      }
+    }
+  }
+}
+
+}  // namespace pptrain::ops::cpu
