@@ -271,8 +271,7 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   const auto w = layer_weights(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
   const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
-  ops_.gemm(false, true, N, 4 * Cl, C, 1.0f, dout, w.fcproj_w, 0.0f, v.dfch);
-  ops_.gelu_backward(v.dfch, v.fch, v.dfch, size_t(N) * 4 * Cl);
+  ops_.linear_backward_input(v.dfch, dout, w.fcproj_w, v.fch, N, 4 * Cl, C);
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
   ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
   tp_.reduce(dln2, v.dln2, C);  // column-parallel input gradient

@@ -10,4 +10,10 @@ void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, 
   if (gelu_out) gelu_forward(gelu_out, out, std::size_t(N) * std::size_t(Cout));
 }
 
+void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
+                                int N, int Cin, int Cout) {
+  gemm(false, true, N, Cin, Cout, 1.0f, dout, w, 0.0f, dinp);
+  if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, std::size_t(N) * std::size_t(Cin));
+}
+
 }  // namespace pptrain::ops

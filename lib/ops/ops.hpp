@@ -109,6 +109,12 @@ class Ops {
   // GELU into the product where they can.
   virtual void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w,
                               const Act* bias, int N, int Cin, int Cout);
+  // Input gradient of a linear layer: dinp[N,Cin] = dout[N,Cout] @ w[Cin,Cout]^T; when
+  // gelu_inp is not null the layer's input was gelu(gelu_inp), and dinp is the gradient
+  // with respect to gelu_inp (times gelu'(gelu_inp)). Backends fuse the GELU backward into
+  // the product where they can.
+  virtual void linear_backward_input(Act* dinp, const Act* dout, const Act* w,
+                                     const Act* gelu_inp, int N, int Cin, int Cout);
   // Weight gradient of a linear layer: dw[Cin,Cout] += inp[N,Cin]^T @ dout[N,Cout], fp32.
   virtual void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
                                   int Cout) = 0;

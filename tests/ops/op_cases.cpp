@@ -76,6 +76,15 @@ void add_gemm_cases(std::vector<OpCase>& t) {
                        Act* g = gelu ? r.act_out("gelu_out", n, kAct) : nullptr;
                        r.ops.linear_forward(out, g, x, w, bias ? b : nullptr, N, Cin, Cout);
                      }});
+  for (bool gelu : {true, false})
+    t.push_back({std::string("linear_backward_input") + (gelu ? "_gelu" : ""), [=](OpRun& r) {
+                   const int N = 74, Cin = 192, Cout = 48;
+                   const Act *dout = r.act(r.randn(N * Cout, 1)),
+                             *w = r.act(r.randn(Cin * Cout, 2, 0.3f)),
+                             *pre = r.act(r.randn(N * Cin, 3));
+                   Act* dinp = r.act_out("dinp", std::size_t(N) * Cin, kAct);
+                   r.ops.linear_backward_input(dinp, dout, w, gelu ? pre : nullptr, N, Cin, Cout);
+                 }});
 }
 
 void add_embedding_and_loss_cases(std::vector<OpCase>& t) {

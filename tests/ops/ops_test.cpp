@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -66,6 +67,24 @@ TEST_F(OpsTest, GemmMatchesNaiveLoopForAllTransposes) {
 TEST_F(OpsTest, LongKGemmMatchesNaiveLoopForAllTransposes) {
   for (float beta : {0.0f, 0.3f})  // K 603: two blocks of 256 and one of 91
     expect_gemm_matches_naive_loop(*ops, 5, 7, 603, 0.7f, beta);
+}
+
+// The fused form runs the same GEMM and the same elementwise GELU backward, on tiles.
+TEST(OpsFusion, LinearBackwardInputIsTheGemmThenTheGeluBackwardBitForBit) {
+  for (int threads : {1, 2, 3})
+    for (const auto& [N, Cin, Cout] : {std::tuple{74, 192, 48}, std::tuple{300, 70, 600}}) {
+      CpuOps ops(threads);
+      const std::vector<float> dout = randn(N * Cout, 1), w = randn(Cin * Cout, 2, 0.3f),
+                               pre = randn(N * Cin, 3);
+      std::vector<float> fused(N * Cin, std::nanf("")), parts(N * Cin, std::nanf(""));
+      ops.linear_backward_input(fused.data(), dout.data(), w.data(), pre.data(), N, Cin, Cout);
+      ops.gemm(false, true, N, Cin, Cout, 1.0f, dout.data(), w.data(), 0.0f, parts.data());
+      ops.gelu_backward(parts.data(), pre.data(), parts.data(), parts.size());
+      EXPECT_TRUE(same_bits(fused, parts)) << N << "x" << Cin << "x" << Cout << " on " << threads;
+      ops.linear_backward_input(fused.data(), dout.data(), w.data(), nullptr, N, Cin, Cout);
+      ops.gemm(false, true, N, Cin, Cout, 1.0f, dout.data(), w.data(), 0.0f, parts.data());
+      EXPECT_TRUE(same_bits(fused, parts)) << "without GELU";
+    }
 }
 
 TEST_F(OpsTest, GemmWithBetaZeroOverwritesGarbage) {
@@ -317,6 +336,9 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
     ops.linear_forward(lin.data(), lin_gelu.data(), x.data(), w.data(), c0.data(), N, C, 4 * C);
     out.emplace_back("linear_forward", lin);
     out.emplace_back("linear_forward gelu", lin_gelu);
+    std::vector<float> lin_dinp(N * 4 * C);
+    ops.linear_backward_input(lin_dinp.data(), x.data(), w.data(), y.data(), N, 4 * C, C);
+    out.emplace_back("linear_backward_input gelu", lin_dinp);
     std::vector<float> dw(c0.begin(), c0.begin() + 3 * C * C);
     ops.linear_weight_grad(dw.data(), x.data(), y.data(), N, C, 3 * C);
     out.emplace_back("linear_weight_grad", dw);

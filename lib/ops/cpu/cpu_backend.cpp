@@ -174,4 +174,9 @@ void CpuOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* 
   linear_forward(f(out), f(gelu_out), f(inp), f(w), f(bias), N, Cin, Cout);
 }
 
+void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
+                                   int N, int Cin, int Cout) {
+  linear_backward_input(f(dinp), f(dout), f(w), f(gelu_inp), N, Cin, Cout);
+}
+
 }  // namespace pptrain::ops

@@ -4,9 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "core/error.hpp"
 #include "ops/cpu/blas_kernels.hpp"
@@ -23,7 +25,7 @@ constexpr int kKc = kGemmKBlock;
 constexpr int kMcMax = 144;
 constexpr int kMcMin = 48;
 // Columns of packed op(B) that one strip of op(A) meets in turn: KC x 256 floats
-// (256 KiB) stay in L2. Also the widest item when op(A) is the shared operand.
+// (256 KiB) stay in L2. Also the widest item when op(A) is the smaller operand.
 constexpr int kChunk = 256;
 
 // acc holds an MR x NR tile (row i at acc + i * NR); writes its m x n corner to C.
@@ -330,8 +332,16 @@ const char* gemm_kernel_name(GemmKernel kernel) {
   return "?";
 }
 
-float* GemmWorkspace::packed_shared(std::size_t floats) { return aligned(shared_, floats); }
-float* GemmWorkspace::packed_own(std::size_t floats) { return aligned(own_, floats); }
+float* GemmWorkspace::packed_whole(std::size_t floats) { return aligned(whole_, floats); }
+float* GemmWorkspace::packed_parts(std::size_t floats) { return aligned(parts_, floats); }
+std::atomic<int>* GemmWorkspace::tile_progress(int tiles) {
+  if (progress_size_ < tiles) {
+    progress_ = std::make_unique<std::atomic<int>[]>(std::size_t(tiles));
+    progress_size_ = tiles;
+  }
+  for (int t = 0; t < tiles; ++t) progress_[t].store(0, std::memory_order_relaxed);
+  return progress_.get();
+}
 
 namespace {
 
@@ -354,9 +364,9 @@ void run_tile(const GemmArgs& g, const KernelShape& ks, int kc, const float* a, 
 // Items: at least this many a thread, so that a slower core (on a shared machine one
 // often is) finishes late by one small item at most.
 constexpr int kItemsPerThread = 4;
-// The shared operand is packed for several K blocks at once, at most this many floats
-// (4 MiB), so that the threads meet at a barrier once per group of K blocks, not per block.
-constexpr std::size_t kSharedFloats = std::size_t(1) << 18;
+// Each thread packs the smaller operand for a group of K blocks at once, at most this
+// many floats (1 MiB, in its L2): the threads meet at a barrier once per group.
+constexpr std::size_t kWholeFloats = std::size_t(1) << 18;
 
 // The largest count of `unit`-wide pieces that cuts `units` into at least `target` pieces,
 // their number a multiple of `threads` where one fits (equal pieces, equal shares).
@@ -365,6 +375,16 @@ int piece_units(int units, int target, int threads) {
   for (int p = per; p >= std::max(1, per / 2); --p)
     if (ceil_div(units, p) % threads == 0) return p;
   return per;
+}
+
+// Waits until `done` (a tile's groups finished, stored with release) reaches `value`.
+void wait_until(const std::atomic<int>& done, int value) {
+  for (int spins = 0; done.load(std::memory_order_acquire) < value; ++spins) {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+    if (spins > 64) std::this_thread::yield();  // the other thread may not be running
+  }
 }
 
 }  // namespace
@@ -378,12 +398,12 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   const KernelShape ks = kernel_shape(kernel);
   const int threads = omp_get_max_threads();
   const int target = kItemsPerThread * threads;
-  // The smaller operand is packed by all threads together and shared; each item packs
-  // its own part of the larger one just before using it, so that part is packed once,
-  // by the core that reads it, and read from its L2. Items are tiles of C:
-  // - M >= N (op(B) shared): row blocks of at most kMcMax rows (whose packed op(A) stays
+  // Each thread packs the smaller operand whole into its own buffer (read from its own
+  // L2: one copy read by all threads was slower); each item packs its part of the larger
+  // one just before using it. Items are tiles of C:
+  // - M >= N (op(B) whole): row blocks of at most kMcMax rows (whose packed op(A) stays
   //   in L2) by column groups, when rows alone give too few items;
-  // - M < N (op(A) shared): column blocks of at most kChunk columns, all rows.
+  // - M < N (op(A) whole): column blocks of at most kChunk columns, all rows.
   const bool share_b = g.M >= g.N;
   int row_block = g.M, col_block = g.N;
   if (share_b) {
@@ -400,47 +420,54 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
 
   const int k_blocks = std::max(1, ceil_div(g.K, kKc));
   const int kc_max = std::min(std::max(g.K, 1), kKc);
-  const int shared_unit = share_b ? ks.nr : ks.mr;
-  const int shared_strips = ceil_div(share_b ? g.N : g.M, shared_unit);
-  const std::size_t shared_block = std::size_t(shared_strips) * shared_unit * kc_max;
-  const int group = std::clamp(int(kSharedFloats / shared_block), 1, k_blocks);
-  float* shared = ws.packed_shared(shared_block * group * threads);
-  const std::size_t own_floats = std::size_t(share_b ? row_block : col_block) * kc_max;
-  float* own = ws.packed_own(own_floats * threads);
+  const int whole_unit = share_b ? ks.nr : ks.mr;
+  const int whole_strips = ceil_div(share_b ? g.N : g.M, whole_unit);
+  const std::size_t whole_block = std::size_t(whole_strips) * whole_unit * kc_max;
+  const int group = std::clamp(int(kWholeFloats / whole_block), 1, k_blocks);
+  float* whole = ws.packed_whole(whole_block * group * threads);
+  const std::size_t part_floats = std::size_t(share_b ? row_block : col_block) * kc_max;
+  float* parts = ws.packed_parts(part_floats * threads);
+  std::atomic<int>* progress = ws.tile_progress(row_blocks * col_blocks);
 
 #pragma omp parallel
   {
-    float* mine = own + own_floats * omp_get_thread_num();
-    float* my_shared = shared + shared_block * group * omp_get_thread_num();
+    float* my_part = parts + part_floats * omp_get_thread_num();
+    float* my_whole = whole + whole_block * group * omp_get_thread_num();
     for (int kb0 = 0; kb0 < k_blocks; kb0 += group) {
       const int blocks = std::min(group, k_blocks - kb0);
       for (int b = 0; b < blocks; ++b) {
         const int k0 = (kb0 + b) * kKc, kc = std::min(kKc, g.K - k0);
-        float* dst = my_shared + b * shared_block;
+        float* dst = my_whole + b * whole_block;
         if (share_b)
           pack_b(g, kernel, 0, g.N, k0, kc, ks.nr, dst);
         else
           pack_a(g, kernel, 0, g.M, k0, kc, ks.mr, dst);
       }
+      // No barrier between groups: a thread done with its items of one group goes on to
+      // the next. A tile's groups must reach C in order, so an item first waits for its
+      // tile's previous group (at most the rest of one item, taken by another thread).
+      const int group_index = kb0 / group;
 #pragma omp for schedule(dynamic) nowait
       for (int item = 0; item < row_blocks * col_blocks; ++item) {
         const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
         const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
+        wait_until(progress[item], group_index);
         if (kb0 == 0 && before_tile) before_tile(i0, j0, m, n);
         for (int b = 0; b < blocks; ++b) {
           const int kb = kb0 + b, k0 = kb * kKc, kc = std::min(kKc, g.K - k0);
-          const float* a = my_shared + b * shared_block + std::size_t(i0) * kc;
-          const float* bp = my_shared + b * shared_block + std::size_t(j0) * kc;
+          const float* a = my_whole + b * whole_block + std::size_t(i0) * kc;
+          const float* bp = my_whole + b * whole_block + std::size_t(j0) * kc;
           if (share_b) {
-            pack_a(g, kernel, i0, m, k0, kc, ks.mr, mine);
-            a = mine;
+            pack_a(g, kernel, i0, m, k0, kc, ks.mr, my_part);
+            a = my_part;
           } else {
-            pack_b(g, kernel, j0, n, k0, kc, ks.nr, mine);
-            bp = mine;
+            pack_b(g, kernel, j0, n, k0, kc, ks.nr, my_part);
+            bp = my_part;
           }
           run_tile(g, ks, kc, a, bp, i0, j0, m, n, kb == 0 ? g.beta : 1.0f);
         }
         if (kb0 + blocks == k_blocks && after_tile) after_tile(i0, j0, m, n);
+        progress[item].store(group_index + 1, std::memory_order_release);
       }
     }
   }

@@ -3,7 +3,8 @@
 // NR columns of op(B)) that a register-tiled micro-kernel (MR x NR) multiplies. Each
 // thread packs the smaller operand whole, for a few K blocks at a time, into its own L2;
 // work items are tiles of C, handed out dynamically, and each packs its part of the
-// larger operand just before using it. No thread waits for another inside a call.
+// larger operand just before using it. No thread waits at a barrier inside a call; an
+// item waits only for its tile's previous group of K blocks.
 //
 // Every element of C is a sum over K blocks of kGemmKBlock, in order: acc = 0, then
 // acc = fma(a_k, b_k, acc) over the block's k in order, then C = fma(beta, C, alpha acc)
@@ -12,8 +13,10 @@
 // the micro-kernel (AVX-512, AVX2 or the portable one), so results are bit-identical for
 // every thread count and on every machine.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace pptrain::ops::cpu {
@@ -36,11 +39,15 @@ using GemmTileHook = std::function<void(int i0, int j0, int m, int n)>;
 // aligned to 64 bytes, their contents undefined.
 class GemmWorkspace {
  public:
-  float* packed_shared(std::size_t floats);  // the K block of the operand all threads read
-  float* packed_own(std::size_t floats);     // every thread's part of the other one
+  float* packed_whole(std::size_t floats);  // every thread's copy of the smaller operand
+  float* packed_parts(std::size_t floats);  // every thread's part of the larger one
+  // One counter a tile of C, all 0: how many groups of K blocks have reached it.
+  std::atomic<int>* tile_progress(int tiles);
 
  private:
-  std::vector<float> shared_, own_;
+  std::vector<float> whole_, parts_;
+  std::unique_ptr<std::atomic<int>[]> progress_;
+  int progress_size_ = 0;
 };
 
 struct GemmArgs {

@@ -33,6 +33,9 @@ void in_column_ranges(int C, F f) {
 }
 // out[i] = gelu(inp[i]) (tanh form) for i in [begin, end) (cpu_norm.cpp, wide clones).
 void gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end);
+// dinp[i] = gelu'(inp[i]) * dout[i] for i in [begin, end) (cpu_norm.cpp, wide clones).
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, std::size_t begin,
+                         std::size_t end);
 
 // Elementwise loops shorter than this stay on one thread (starting threads costs more).
 inline constexpr std::ptrdiff_t kParallelMin = 1 << 14;

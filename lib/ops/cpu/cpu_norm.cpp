@@ -143,11 +143,9 @@ void cpu::gelu_forward_range(float* out, const float* inp, std::size_t begin, st
   }
 }
 
-namespace {
-
 PPTRAIN_WIDE_CLONES
-void gelu_backward_range(float* dinp, const float* inp, const float* dout, std::size_t begin,
-                         std::size_t end) {
+void cpu::gelu_backward_range(float* dinp, const float* inp, const float* dout, std::size_t begin,
+                              std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
@@ -157,6 +155,8 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, std::
     dinp[i] = grad * dout[i];
   }
 }
+
+namespace {
 
 // Calls f(begin, end) on blocks of [0, n), one block per OpenMP thread when n is large.
 template <typename F>
@@ -177,7 +177,9 @@ void CpuOps::gelu_forward(float* out, const float* inp, std::size_t n) {
 }
 
 void CpuOps::gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) {
-  in_thread_blocks(n, [&](std::size_t b, std::size_t e) { gelu_backward_range(dinp, inp, dout, b, e); });
+  in_thread_blocks(n, [&](std::size_t b, std::size_t e) {
+    cpu::gelu_backward_range(dinp, inp, dout, b, e);
+  });
 }
 
 }  // namespace pptrain::ops

@@ -69,6 +69,22 @@ void CpuOps::linear_forward(float* out, float* gelu_out, const float* inp, const
   cpu::gemm(g, gemm_workspace_, gemm_kernel_, write_bias, gelu);
 }
 
+void CpuOps::linear_backward_input(float* dinp, const float* dout, const float* w,
+                                   const float* gelu_inp, int N, int Cin, int Cout) {
+  PPTRAIN_CHECK(N >= 0 && Cin >= 0 && Cout >= 0, "linear_backward_input: negative size");
+  // The GELU backward on each tile once its last K block is in, while it is in cache.
+  cpu::GemmTileHook gelu;
+  if (gelu_inp != nullptr)
+    gelu = [&](int i0, int j0, int m, int n) {
+      for (int i = i0; i < i0 + m; ++i) {
+        const std::size_t row = std::size_t(i) * Cin + j0;
+        cpu::gelu_backward_range(dinp, gelu_inp, dinp, row, row + n);
+      }
+    };
+  cpu::GemmArgs g{false, true, N, Cin, Cout, 1.0f, dout, Cout, w, Cout, 0.0f, dinp, Cin};
+  cpu::gemm(g, gemm_workspace_, gemm_kernel_, {}, gelu);
+}
+
 void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin,
                                 int Cout) {
   gemm(true, false, Cin, Cout, N, 1.0f, inp, dout, 1.0f, dw);

@@ -202,6 +202,9 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // The fp32 overload below: bias and GELU fused into each GEMM tile.
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                       int N, int Cin, int Cout) override;
+  // The fp32 overload below: the GELU backward on each GEMM tile.
+  void linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
+                             int N, int Cin, int Cout) override;
 
   // ---- The same ops on plain fp32 arrays: the reference the tests and the CUDA
   // backend's tests call directly (cpu_ops.cpp, cpu_norm.cpp, cpu_loss.cpp,
@@ -212,6 +215,10 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // each GEMM tile as it is computed.
   void linear_forward(float* out, float* gelu_out, const float* inp, const float* w,
                       const float* bias, int N, int Cin, int Cout);
+  // dinp = dout @ w^T, times gelu'(gelu_inp) when not null: the GELU backward runs on each
+  // GEMM tile once it is complete.
+  void linear_backward_input(float* dinp, const float* dout, const float* w,
+                             const float* gelu_inp, int N, int Cin, int Cout);
   void linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin, int Cout);
   void add_bias(float* out, const float* bias, int N, int C);
   void bias_backward(float* dbias, const float* dout, int N, int C);
