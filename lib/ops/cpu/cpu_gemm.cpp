@@ -365,7 +365,7 @@ void run_tile(const GemmArgs& g, const KernelShape& ks, int kc, const float* a, 
 // often is) finishes late by one small item at most.
 constexpr int kItemsPerThread = 4;
 // Each thread packs the smaller operand for a group of K blocks at once, at most this
-// many floats (1 MiB, in its L2): the threads meet at a barrier once per group.
+// many floats (1 MiB, in its L2).
 constexpr std::size_t kWholeFloats = std::size_t(1) << 18;
 
 // The largest count of `unit`-wide pieces that cuts `units` into at least `target` pieces,
