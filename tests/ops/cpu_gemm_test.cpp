@@ -129,7 +129,8 @@ TEST(CpuGemm, EveryKernelFollowsTheDocumentedOrderBitForBit) {
 }
 
 // The smaller operand is packed a group of K blocks at a time; a large one takes a group
-// per block, and a tile's groups must reach C in order whichever thread takes them.
+// per block; the two slots are reused, and a tile's groups must reach C in order
+// whichever thread takes them.
 TEST(CpuGemm, ManyGroupsOfKBlocksFollowTheSameOrder) {
   for (const auto& [M, N] : {std::pair{520, 530}, std::pair{530, 520}})
     for (bool ta : {false, true})
@@ -137,7 +138,7 @@ TEST(CpuGemm, ManyGroupsOfKBlocksFollowTheSameOrder) {
         const Problem p{M, N, 3 * kGemmKBlock + 5, ta, tb, 1.0f, 1.0f, 1};
         const Operands o = operands(p, 7 + M);
         const std::vector<float> want = reference(p, o);
-        for (int threads : {2, 3})
+        for (int threads : {2, 3, 4})
           expect_same_bits(run(p, o, best_gemm_kernel(), threads), want,
                            describe(p, best_gemm_kernel(), threads));
       }

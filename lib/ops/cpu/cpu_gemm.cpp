@@ -334,13 +334,13 @@ const char* gemm_kernel_name(GemmKernel kernel) {
 
 float* GemmWorkspace::packed_whole(std::size_t floats) { return aligned(whole_, floats); }
 float* GemmWorkspace::packed_parts(std::size_t floats) { return aligned(parts_, floats); }
-std::atomic<int>* GemmWorkspace::tile_progress(int tiles) {
-  if (progress_size_ < tiles) {
-    progress_ = std::make_unique<std::atomic<int>[]>(std::size_t(tiles));
-    progress_size_ = tiles;
+std::atomic<int>* GemmWorkspace::counters(int n) {
+  if (counters_size_ < n) {
+    counters_ = std::make_unique<std::atomic<int>[]>(std::size_t(n));
+    counters_size_ = n;
   }
-  for (int t = 0; t < tiles; ++t) progress_[t].store(0, std::memory_order_relaxed);
-  return progress_.get();
+  for (int i = 0; i < n; ++i) counters_[i].store(0, std::memory_order_relaxed);
+  return counters_.get();
 }
 
 namespace {
@@ -364,8 +364,8 @@ void run_tile(const GemmArgs& g, const KernelShape& ks, int kc, const float* a, 
 // Items: at least this many a thread, so that a slower core (on a shared machine one
 // often is) finishes late by one small item at most.
 constexpr int kItemsPerThread = 4;
-// Each thread packs the smaller operand for a group of K blocks at once, at most this
-// many floats (1 MiB, in its L2).
+// The smaller operand is packed for a group of K blocks at once, at most this many
+// floats (1 MiB, in a core's L2).
 constexpr std::size_t kWholeFloats = std::size_t(1) << 18;
 
 // The largest count of `unit`-wide pieces that cuts `units` into at least `target` pieces,
@@ -398,9 +398,9 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   const KernelShape ks = kernel_shape(kernel);
   const int threads = omp_get_max_threads();
   const int target = kItemsPerThread * threads;
-  // Each thread packs the smaller operand whole into its own buffer (read from its own
-  // L2: one copy read by all threads was slower); each item packs its part of the larger
-  // one just before using it. Items are tiles of C:
+  // The smaller operand is packed whole, a group of K blocks at a time, by all threads
+  // together, into one of two slots that the groups take in turn; each item packs its
+  // part of the larger one just before using it. Items are tiles of C:
   // - M >= N (op(B) whole): row blocks of at most kMcMax rows (whose packed op(A) stays
   //   in L2) by column groups, when rows alone give too few items;
   // - M < N (op(A) whole): column blocks of at most kChunk columns, all rows.
@@ -424,39 +424,56 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   const int whole_strips = ceil_div(share_b ? g.N : g.M, whole_unit);
   const std::size_t whole_block = std::size_t(whole_strips) * whole_unit * kc_max;
   const int group = std::clamp(int(kWholeFloats / whole_block), 1, k_blocks);
-  float* whole = ws.packed_whole(whole_block * group * threads);
+  const std::size_t group_floats = whole_block * group;
+  float* whole = ws.packed_whole(group_floats * 2);
   const std::size_t part_floats = std::size_t(share_b ? row_block : col_block) * kc_max;
   float* parts = ws.packed_parts(part_floats * threads);
-  std::atomic<int>* progress = ws.tile_progress(row_blocks * col_blocks);
+  const int tiles = row_blocks * col_blocks, groups = ceil_div(k_blocks, group);
+  // Counters, all 0: for each tile, the groups that have reached it; for each group, the
+  // strips claimed and packed, and the items finished.
+  std::atomic<int>* progress = ws.counters(tiles + 3 * groups);
+  std::atomic<int>* claimed = progress + tiles;
+  std::atomic<int>* packed = claimed + groups;
+  std::atomic<int>* finished = packed + groups;
 
 #pragma omp parallel
   {
     float* my_part = parts + part_floats * omp_get_thread_num();
-    float* my_whole = whole + whole_block * group * omp_get_thread_num();
     for (int kb0 = 0; kb0 < k_blocks; kb0 += group) {
-      const int blocks = std::min(group, k_blocks - kb0);
-      for (int b = 0; b < blocks; ++b) {
+      const int blocks = std::min(group, k_blocks - kb0), gi = kb0 / group;
+      // Strip w of the group: K block w / whole_strips, strip w % whole_strips.
+      const int strips = blocks * whole_strips;
+      auto pack_strip_of_group = [&](int w, float* to) {
+        const int b = w / whole_strips, strip = w % whole_strips;
         const int k0 = (kb0 + b) * kKc, kc = std::min(kKc, g.K - k0);
-        float* dst = my_whole + b * whole_block;
+        float* dst = to + b * whole_block + std::size_t(strip) * whole_unit * kc;
         if (share_b)
-          pack_b(g, kernel, 0, g.N, k0, kc, ks.nr, dst);
+          pack_b(g, kernel, strip * ks.nr, ks.nr, k0, kc, ks.nr, dst);
         else
-          pack_a(g, kernel, 0, g.M, k0, kc, ks.mr, dst);
+          pack_a(g, kernel, strip * ks.mr, ks.mr, k0, kc, ks.mr, dst);
+      };
+      // The slot was last used by group gi - 2: wait until its items are done, then
+      // claim strips until none is left, then wait for the others' strips.
+      float* copy = whole + group_floats * (gi % 2);
+      if (gi >= 2) wait_until(finished[gi - 2], tiles);
+      for (int w; (w = claimed[gi].fetch_add(1, std::memory_order_relaxed)) < strips;) {
+        pack_strip_of_group(w, copy);
+        packed[gi].fetch_add(1, std::memory_order_release);
       }
+      wait_until(packed[gi], strips);
       // No barrier between groups: a thread done with its items of one group goes on to
       // the next. A tile's groups must reach C in order, so an item first waits for its
       // tile's previous group (at most the rest of one item, taken by another thread).
-      const int group_index = kb0 / group;
 #pragma omp for schedule(dynamic) nowait
       for (int item = 0; item < row_blocks * col_blocks; ++item) {
         const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
         const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
-        wait_until(progress[item], group_index);
+        wait_until(progress[item], gi);
         if (kb0 == 0 && before_tile) before_tile(i0, j0, m, n);
         for (int b = 0; b < blocks; ++b) {
           const int kb = kb0 + b, k0 = kb * kKc, kc = std::min(kKc, g.K - k0);
-          const float* a = my_whole + b * whole_block + std::size_t(i0) * kc;
-          const float* bp = my_whole + b * whole_block + std::size_t(j0) * kc;
+          const float* a = copy + b * whole_block + std::size_t(i0) * kc;
+          const float* bp = copy + b * whole_block + std::size_t(j0) * kc;
           if (share_b) {
             pack_a(g, kernel, i0, m, k0, kc, ks.mr, my_part);
             a = my_part;
@@ -467,7 +484,8 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
           run_tile(g, ks, kc, a, bp, i0, j0, m, n, kb == 0 ? g.beta : 1.0f);
         }
         if (kb0 + blocks == k_blocks && after_tile) after_tile(i0, j0, m, n);
-        progress[item].store(group_index + 1, std::memory_order_release);
+        progress[item].store(gi + 1, std::memory_order_release);
+        finished[gi].fetch_add(1, std::memory_order_release);
       }
     }
   }

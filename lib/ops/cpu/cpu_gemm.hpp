@@ -1,10 +1,10 @@
 // The CPU backend's fp32 GEMM: C = alpha op(A) op(B) + beta C, row-major, blocked in the
 // manner of Goto and BLIS. Operands are packed per K block into strips (MR rows of op(A),
-// NR columns of op(B)) that a register-tiled micro-kernel (MR x NR) multiplies. Each
-// thread packs the smaller operand whole, for a few K blocks at a time, into its own L2;
+// NR columns of op(B)) that a register-tiled micro-kernel (MR x NR) multiplies. The
+// smaller operand is packed whole, a few K blocks at a time, by all threads together;
 // work items are tiles of C, handed out dynamically, and each packs its part of the
-// larger operand just before using it. No thread waits at a barrier inside a call; an
-// item waits only for its tile's previous group of K blocks.
+// larger operand just before using it. No thread waits at a barrier inside a call: an
+// item waits only for its group's packed operand and its tile's previous group.
 //
 // Every element of C is a sum over K blocks of kGemmKBlock, in order: acc = 0, then
 // acc = fma(a_k, b_k, acc) over the block's k in order, then C = fma(beta, C, alpha acc)
@@ -39,15 +39,14 @@ using GemmTileHook = std::function<void(int i0, int j0, int m, int n)>;
 // aligned to 64 bytes, their contents undefined.
 class GemmWorkspace {
  public:
-  float* packed_whole(std::size_t floats);  // every thread's copy of the smaller operand
+  float* packed_whole(std::size_t floats);  // the smaller operand, two groups' slots
   float* packed_parts(std::size_t floats);  // every thread's part of the larger one
-  // One counter a tile of C, all 0: how many groups of K blocks have reached it.
-  std::atomic<int>* tile_progress(int tiles);
+  std::atomic<int>* counters(int n);        // n counters, all 0
 
  private:
   std::vector<float> whole_, parts_;
-  std::unique_ptr<std::atomic<int>[]> progress_;
-  int progress_size_ = 0;
+  std::unique_ptr<std::atomic<int>[]> counters_;
+  int counters_size_ = 0;
 };
 
 struct GemmArgs {
