@@ -24,7 +24,8 @@ const float* f(const Act* p) { return reinterpret_cast<const float*>(p); }
 }  // namespace
 
 std::string CpuOps::name() const {
-  return "cpu (fp32, OpenBLAS " + blas_coretype() + ", " +
+  return std::string("cpu (fp32, GEMM ") + cpu::gemm_kernel_name(gemm_kernel_) + ", OpenBLAS " +
+         blas_coretype() + ", " +
          (threads_ > 0 ? std::to_string(threads_) : std::string("all")) +
          " threads)";
 }
