@@ -377,7 +377,7 @@ int piece_units(int units, int target, int threads) {
   return per;
 }
 
-// Waits until `done` (a tile's groups finished, stored with release) reaches `value`.
+// Waits until the counter `done` (written with release) reaches `value`.
 void wait_until(const std::atomic<int>& done, int value) {
   for (int spins = 0; done.load(std::memory_order_acquire) < value; ++spins) {
 #if defined(__x86_64__)
@@ -393,8 +393,8 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
           const GemmTileHook& after_tile) {
   PPTRAIN_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
   if (g.M == 0 || g.N == 0) return;
-  PPTRAIN_CHECK(cpu_runs(kernel),
-                std::string("gemm: this CPU cannot run the ") + gemm_kernel_name(kernel) + " kernel");
+  PPTRAIN_CHECK(cpu_runs(kernel), std::string("gemm: this CPU cannot run the ") +
+                                     gemm_kernel_name(kernel) + " kernel");
   const KernelShape ks = kernel_shape(kernel);
   const int threads = omp_get_max_threads();
   const int target = kItemsPerThread * threads;

@@ -35,8 +35,8 @@ const char* gemm_kernel_name(GemmKernel kernel);
 // before_tile before its first K block is added, after_tile once its last one is.
 using GemmTileHook = std::function<void(int i0, int j0, int m, int n)>;
 
-// Packing buffers, grown on demand and kept between calls (one per CpuOps); both
-// aligned to 64 bytes, their contents undefined.
+// Packing buffers (aligned to 64 bytes, contents undefined) and the counters that order
+// the threads' work, grown on demand and kept between calls (one per CpuOps).
 class GemmWorkspace {
  public:
   float* packed_whole(std::size_t floats);  // the smaller operand, two groups' slots
