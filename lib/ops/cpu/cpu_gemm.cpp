@@ -68,6 +68,7 @@ __attribute__((target("avx512f"))) void avx512_kernel(int kc, const float* a, co
                                                       float alpha, float beta) {
   constexpr int MR = 12, NR = 32;
   __m512 acc[MR][2];
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
@@ -80,8 +81,10 @@ __attribute__((target("avx512f"))) void avx512_kernel(int kc, const float* a, co
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   if (m == MR && n == NR) {
+#pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       float* row = c + std::size_t(i) * ldc;
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m512 t = _mm512_mul_ps(va, acc[i][h]);
         _mm512_storeu_ps(row + 16 * h, beta == 0.0f
@@ -92,6 +95,7 @@ __attribute__((target("avx512f"))) void avx512_kernel(int kc, const float* a, co
     return;
   }
   alignas(64) float tile[MR * NR];
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
     _mm512_store_ps(tile + i * NR, acc[i][0]);
     _mm512_store_ps(tile + i * NR + 16, acc[i][1]);
@@ -105,6 +109,7 @@ __attribute__((target("avx2,fma"))) void avx2_kernel(int kc, const float* a, con
                                                      float beta) {
   constexpr int MR = 6, NR = 16;
   __m256 acc[MR][2];
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
@@ -117,8 +122,10 @@ __attribute__((target("avx2,fma"))) void avx2_kernel(int kc, const float* a, con
   }
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   if (m == MR && n == NR) {
+#pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       float* row = c + std::size_t(i) * ldc;
+#pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m256 t = _mm256_mul_ps(va, acc[i][h]);
         _mm256_storeu_ps(row + 8 * h,
@@ -128,6 +135,7 @@ __attribute__((target("avx2,fma"))) void avx2_kernel(int kc, const float* a, con
     return;
   }
   alignas(32) float tile[MR * NR];
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
     _mm256_store_ps(tile + i * NR, acc[i][0]);
     _mm256_store_ps(tile + i * NR + 8, acc[i][1]);
