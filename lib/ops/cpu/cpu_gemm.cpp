@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdint>
 #include <string>
 #include <thread>
 
@@ -273,43 +272,40 @@ void pack_strip(GemmKernel kernel, bool transposed, const float* src, std::size_
   pack_contiguous(src, ld, lines, kc, width, dst);
 }
 
-// op(A)'s rows i0..i0+m, depth k0..k0+kc, as strips of mr rows one after another.
+// Lines first..first+count (of `total`) of an operand, depth k0..k0+kc, as strips of
+// `width` lines one after another. A line is a row of op(A) or a column of op(B); each
+// line is contiguous in memory (line r at depth k is p[r * ld + k]) or each depth's
+// lines are (p[k * ld + r]).
+void pack_lines(GemmKernel kernel, const float* p, int ld, bool lines_contiguous, int total,
+                int first, int count, int k0, int kc, int width, float* dst) {
+  count = std::min(count, total - first);
+  for (int s = 0; s < count; s += width, dst += std::size_t(width) * kc) {
+    const int r = first + s, lines = std::min(width, count - s);
+    const float* src = lines_contiguous ? p + std::size_t(r) * ld + k0
+                                        : p + std::size_t(k0) * ld + r;
+    pack_strip(kernel, lines_contiguous, src, ld, lines, kc, width, dst);
+  }
+}
+
+// op(A)'s rows i0..i0+m in strips of mr rows; op(B)'s columns j0..j0+n in strips of nr.
 void pack_a(const GemmArgs& g, GemmKernel kernel, int i0, int m, int k0, int kc, int mr,
             float* dst) {
-  m = std::min(m, g.M - i0);
-  for (int s = 0; s < m; s += mr, dst += std::size_t(mr) * kc) {
-    const int rows = std::min(mr, m - s);
-    if (g.trans_a)
-      pack_strip(kernel, false, g.A + std::size_t(k0) * g.lda + i0 + s, g.lda, rows, kc, mr, dst);
-    else
-      pack_strip(kernel, true, g.A + std::size_t(i0 + s) * g.lda + k0, g.lda, rows, kc, mr, dst);
-  }
+  pack_lines(kernel, g.A, g.lda, !g.trans_a, g.M, i0, m, k0, kc, mr, dst);
 }
-
-// op(B)'s columns j0..j0+n, depth k0..k0+kc, as strips of nr columns one after another.
 void pack_b(const GemmArgs& g, GemmKernel kernel, int j0, int n, int k0, int kc, int nr,
             float* dst) {
-  n = std::min(n, g.N - j0);
-  for (int s = 0; s < n; s += nr, dst += std::size_t(nr) * kc) {
-    const int cols = std::min(nr, n - s);
-    if (g.trans_b)
-      pack_strip(kernel, true, g.B + std::size_t(j0 + s) * g.ldb + k0, g.ldb, cols, kc, nr, dst);
-    else
-      pack_strip(kernel, false, g.B + std::size_t(k0) * g.ldb + j0 + s, g.ldb, cols, kc, nr, dst);
-  }
+  pack_lines(kernel, g.B, g.ldb, g.trans_b, g.N, j0, n, k0, kc, nr, dst);
 }
 
-float* aligned(std::vector<float>& v, std::size_t floats) {
-  constexpr std::size_t kAlign = 64 / sizeof(float);
-  if (v.size() < floats + kAlign) v.resize(floats + kAlign);
-  const auto at = reinterpret_cast<std::uintptr_t>(v.data());
-  return v.data() + (kAlign - (at / sizeof(float)) % kAlign) % kAlign;
+float* grown(AlignedBuffer<float>& buffer, std::size_t floats) {
+  if (buffer.size() < floats) buffer = AlignedBuffer<float>(floats);
+  return buffer.data();
 }
 
 }  // namespace
 
 bool cpu_runs(GemmKernel kernel) {
-  const CpuIsa isa = this_cpu_isa();
+  static const CpuIsa isa = this_cpu_isa();  // asked on every call: read the CPU once
   switch (kernel) {
     case GemmKernel::avx512:
       return isa.avx512;
@@ -340,8 +336,8 @@ const char* gemm_kernel_name(GemmKernel kernel) {
   return "?";
 }
 
-float* GemmWorkspace::packed_whole(std::size_t floats) { return aligned(whole_, floats); }
-float* GemmWorkspace::packed_parts(std::size_t floats) { return aligned(parts_, floats); }
+float* GemmWorkspace::packed_whole(std::size_t floats) { return grown(whole_, floats); }
+float* GemmWorkspace::packed_parts(std::size_t floats) { return grown(parts_, floats); }
 std::atomic<int>* GemmWorkspace::counters(int n) {
   if (counters_size_ < n) {
     counters_ = std::make_unique<std::atomic<int>[]>(std::size_t(n));
@@ -473,7 +469,7 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
       // the next. A tile's groups must reach C in order, so an item first waits for its
       // tile's previous group (at most the rest of one item, taken by another thread).
 #pragma omp for schedule(dynamic) nowait
-      for (int item = 0; item < row_blocks * col_blocks; ++item) {
+      for (int item = 0; item < tiles; ++item) {
         const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
         const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
         wait_until(progress[item], gi);

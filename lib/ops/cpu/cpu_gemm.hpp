@@ -17,7 +17,8 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <vector>
+
+#include "core/aligned_buffer.hpp"
 
 namespace pptrain::ops::cpu {
 
@@ -35,7 +36,7 @@ const char* gemm_kernel_name(GemmKernel kernel);
 // before_tile before its first K block is added, after_tile once its last one is.
 using GemmTileHook = std::function<void(int i0, int j0, int m, int n)>;
 
-// Packing buffers (aligned to 64 bytes, contents undefined) and the counters that order
+// Packing buffers (aligned, contents undefined) and the counters that order
 // the threads' work, grown on demand and kept between calls (one per CpuOps).
 class GemmWorkspace {
  public:
@@ -44,7 +45,7 @@ class GemmWorkspace {
   std::atomic<int>* counters(int n);        // n counters, all 0
 
  private:
-  std::vector<float> whole_, parts_;
+  AlignedBuffer<float> whole_, parts_;
   std::unique_ptr<std::atomic<int>[]> counters_;
   int counters_size_ = 0;
 };
