@@ -1,7 +1,14 @@
 // Default implementations shared by the backends.
 #include "ops/ops.hpp"
 
+#include <new>
+
 namespace pptrain::ops {
+
+void* Ops::allocate_host(std::size_t bytes) {
+  return ::operator new(bytes, std::align_val_t{256});
+}
+void Ops::free_host(void* p) noexcept { ::operator delete(p, std::align_val_t{256}); }
 
 void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                          int N, int Cin, int Cout) {

@@ -13,12 +13,14 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/host_waits.hpp"
 
 namespace pptrain::ops {
 
@@ -46,6 +48,9 @@ struct AdamWStep {
   float eps, weight_decay;
   float inv_bias_correction1, inv_bias_correction2;  // 1/(1-beta^t)
   float grad_scale;                                   // clipping factor applied to g
+  // When not null: the step's control in backend memory, written by update_control
+  // (control[0] replaces grad_scale; control[1] == 0 leaves everything unchanged).
+  const float* control = nullptr;
 };
 
 // One fp32 array in backend memory, for sum_squares.
@@ -79,6 +84,28 @@ class Ops {
   virtual void fill_zero(void* dst, std::size_t bytes) = 0;
   // Waits until every queued op has finished (a no-op on the CPU).
   virtual void synchronize() = 0;
+
+  // ---- The host and the queue: a device backend queues every op (the CPU runs it at
+  // once); these let a training step run without the host waiting until its end ----
+  // Host memory that download_async may copy into (pinned on CUDA); free_host frees it.
+  virtual void* allocate_host(std::size_t bytes);
+  virtual void free_host(void* p) noexcept;
+  // Queues a copy into host memory from allocate_host, complete after the next
+  // wait_queue(); the host must not read it earlier.
+  virtual void download_async(void* host_dst, const void* src, std::size_t bytes) {
+    download(host_dst, src, bytes);
+  }
+  // Records a point in the queue, after the work queued so far, for timing.
+  virtual void mark() = 0;
+  // Waits until every queued op has finished, calling `poll` between checks (the
+  // communicators' watchdog); a device backend counts this as one host wait.
+  virtual void wait_queue(const std::function<void()>& poll) { (void)poll; synchronize(); }
+  // After wait_queue(): the seconds from the first mark to each mark since the last
+  // call (the device's clock on CUDA, the host's on the CPU); clears them.
+  virtual std::vector<double> take_marks() = 0;
+  // The device's count of host waits (null on the CPU, where the host never waits).
+  virtual const HostWaitCounter* host_waits() const { return nullptr; }
+  virtual HostWaitCounter* host_waits() { return nullptr; }
   // The native queue ops run on (a cudaStream_t on CUDA, null on the CPU), so a
   // communicator can order its work after theirs.
   virtual void* native_stream() { return nullptr; }
@@ -94,6 +121,16 @@ class Ops {
   virtual void to_float(float* dst, const Act* src, std::size_t n) = 0;
   // Sum over the spans of x^2, accumulated in fp64 in a fixed order (deterministic).
   virtual double sum_squares(const std::vector<Span>& spans) = 0;
+  // *out = the same sum, left in backend memory (no wait).
+  virtual void sum_squares_to(double* out, const std::vector<Span>& spans) = 0;
+  // *total += double(float(mean of x[0, n))): the sum in fp64 in a fixed order, divided
+  // by n and rounded to fp32 once (a micro-batch's mean loss), in backend memory.
+  virtual void add_mean(double* total, const float* x, std::size_t n) = 0;
+  // The control an update reads (AdamWStep::control), from stats[0] (a loss) and stats[1]
+  // (a squared gradient norm), in backend memory: with norm = sqrt(stats[1]),
+  // control[0] = float(grad_clip / (norm + 1e-6)) when grad_clip > 0 and norm > grad_clip,
+  // else 1; control[1] = 1 when stats[0] and norm are finite, else 0 (no update).
+  virtual void update_control(float* control, const double* stats, double grad_clip) = 0;
   // One AdamW update of n elements: g = grad_scale * grads; m, v updated; params
   // updated (decoupled weight decay); weights (if not null) = params in compute dtype.
   virtual void adamw(float* params, Act* weights, const float* grads, float* m, float* v,

@@ -117,6 +117,15 @@ class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Ar
   double sum_squares(const std::vector<ops::Span>& spans) override {
     return cpu_.sum_squares(spans);
   }
+  void sum_squares_to(double* out, const std::vector<ops::Span>& spans) override {
+    cpu_.sum_squares_to(out, spans);
+  }
+  void add_mean(double* total, const float* x, std::size_t n) override { cpu_.add_mean(total, x, n); }
+  void update_control(float* control, const double* stats, double clip) override {
+    cpu_.update_control(control, stats, clip);
+  }
+  void mark() override { cpu_.mark(); }
+  std::vector<double> take_marks() override { return cpu_.take_marks(); }
   void adamw(float* p, Act* weights, const float* g, float* m, float* v, std::size_t n,
              const ops::AdamWStep& h) override {
     cpu_.adamw(p, nullptr, g, m, v, n, h);

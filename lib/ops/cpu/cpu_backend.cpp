@@ -128,12 +128,33 @@ double CpuOps::sum_squares(const std::vector<Span>& spans) {
   return total;
 }
 
+void CpuOps::add_mean(double* total, const float* x, std::size_t n) {
+  double sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) sum += x[i];
+  *total += double(float(sum / double(n)));
+}
+
+void CpuOps::update_control(float* control, const double* stats, double grad_clip) {
+  const double norm = std::sqrt(stats[1]);
+  control[0] = grad_clip > 0.0 && norm > grad_clip ? float(grad_clip / (norm + 1e-6)) : 1.0f;
+  control[1] = std::isfinite(stats[0]) && std::isfinite(norm) ? 1.0f : 0.0f;
+}
+
+std::vector<double> CpuOps::take_marks() {
+  std::vector<double> s;
+  for (const auto& t : marks_) s.push_back(std::chrono::duration<double>(t - marks_[0]).count());
+  marks_.clear();
+  return s;
+}
+
 void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_avg,
                    float* exp_avg_sq, std::size_t n, const AdamWStep& h) {
   // The step's constants in locals and the arrays marked unaliased, so the loop
   // vectorises without reloading them per element.
+  if (h.control && h.control[1] == 0.0f) return;
   const float beta1 = h.beta1, beta2 = h.beta2, one_minus_b1 = h.one_minus_beta1,
-              one_minus_b2 = h.one_minus_beta2, grad_scale = h.grad_scale, lr = h.lr, eps = h.eps,
+              one_minus_b2 = h.one_minus_beta2,
+              grad_scale = h.control ? h.control[0] : h.grad_scale, lr = h.lr, eps = h.eps,
               weight_decay = h.weight_decay, bc1 = h.inv_bias_correction1,
               bc2 = h.inv_bias_correction2;
   float* __restrict p = params;

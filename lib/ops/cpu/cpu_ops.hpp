@@ -7,6 +7,7 @@
 // An object keeps scratch buffers between calls, so it must not be shared by
 // threads that call it concurrently; results never depend on the scratch contents.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <tuple>
@@ -191,8 +192,16 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void to_compute(Act* dst, const float* src, std::size_t n) override;
   void to_float(float* dst, const Act* src, std::size_t n) override;
   double sum_squares(const std::vector<Span>& spans) override;
+  void sum_squares_to(double* out, const std::vector<Span>& spans) override {
+    *out = sum_squares(spans);
+  }
+  void add_mean(double* total, const float* x, std::size_t n) override;
+  void update_control(float* control, const double* stats, double grad_clip) override;
   void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
              const AdamWStep& h) override;
+  // Host clock times: every op has finished when it returns.
+  void mark() override { marks_.push_back(std::chrono::steady_clock::now()); }
+  std::vector<double> take_marks() override;
   // The attention kernel is chosen by blocked_attention; its state is not an Act array.
   std::size_t attention_state_bytes(int B, int T, int NH) const override;
   void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
@@ -270,6 +279,7 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   bool blocked_attention_;
   MemoryTracker memory_;  // what allocate() hands out (the scratch above is not counted)
   std::unordered_map<void*, std::size_t> mapped_;  // allocate_zeroed's mappings: their lengths
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 // Rows per block in the causal attention GEMMs: a row block only meets the key

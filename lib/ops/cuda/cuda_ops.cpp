@@ -3,8 +3,10 @@
 #include "ops/cuda/cuda_ops.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "core/error.hpp"
 #include "ops/cuda/cuda_check.hpp"
@@ -77,13 +79,13 @@ void* CudaOps::allocate(std::size_t bytes) {
 void CudaOps::deallocate(void* p) noexcept {
   if (p == nullptr) return;
   memory_.removed(p);
+  waits_.add();
   (void)cudaFree(p);  // synchronises the device first: queued work may still use p
 }
 
 void* CudaOps::workspace(std::size_t bytes) {
   if (workspace_.bytes() < bytes) {
-    synchronize();  // queued work may still read the old block
-    workspace_ = cuda::DeviceMemory();
+    retired_.push_back(std::move(workspace_));  // queued work may still read the old block
     workspace_ = cuda::DeviceMemory(bytes);
     update_peak();
   }
@@ -100,7 +102,61 @@ void CudaOps::upload(void* dst, const void* host_src, std::size_t bytes) {
 void CudaOps::download(void* host_dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   PPTRAIN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  waits_.add();
   PPTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void* CudaOps::allocate_host(std::size_t bytes) {
+  void* p = nullptr;
+  PPTRAIN_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void CudaOps::free_host(void* p) noexcept { (void)cudaFreeHost(p); }
+
+void CudaOps::download_async(void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  // Into pinned memory (allocate_host) the copy is queued and the host goes on.
+  PPTRAIN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+}
+
+void CudaOps::mark() {
+  if (free_marks_.empty()) free_marks_.emplace_back(true);
+  marks_.push_back(std::move(free_marks_.back()));
+  free_marks_.pop_back();
+  PPTRAIN_CUDA_CHECK(cudaEventRecord(marks_.back().get(), stream()));
+}
+
+void CudaOps::wait_queue(const std::function<void()>& poll) {
+  constexpr auto kMaxSleep = std::chrono::microseconds(100);
+  PPTRAIN_CUDA_CHECK(cudaEventRecord(queue_end_.get(), stream()));
+  waits_.add();
+  auto sleep = std::chrono::microseconds(1);
+  for (;;) {
+    const cudaError_t state = cudaEventQuery(queue_end_.get());
+    if (state == cudaSuccess) break;
+    if (state != cudaErrorNotReady) PPTRAIN_CUDA_CHECK(state);
+    if (poll) poll();
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kMaxSleep);
+  }
+  retired_.clear();  // nothing queued can use them now
+}
+
+std::vector<double> CudaOps::take_marks() {
+  std::vector<double> s;
+  for (const cuda::Event& e : marks_) {
+    if (cudaEventQuery(e.get()) != cudaSuccess) {  // not after wait_queue: wait for it
+      waits_.add();
+      PPTRAIN_CUDA_CHECK(cudaEventSynchronize(e.get()));
+    }
+    float ms = 0;
+    PPTRAIN_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_.front().get(), e.get()));
+    s.push_back(double(ms) * 1e-3);
+  }
+  for (cuda::Event& e : marks_) free_marks_.push_back(std::move(e));
+  marks_.clear();
+  return s;
 }
 
 void CudaOps::copy(void* dst, const void* src, std::size_t bytes) {
@@ -113,7 +169,10 @@ void CudaOps::fill_zero(void* dst, std::size_t bytes) {
   PPTRAIN_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
 }
 
-void CudaOps::synchronize() { PPTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void CudaOps::synchronize() {
+  waits_.add();
+  PPTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
 
 // ---- Precision and optimizer ----
 
@@ -123,6 +182,26 @@ void CudaOps::to_compute(Act* dst, const float* src, std::size_t n) {
 
 void CudaOps::to_float(float* dst, const Act* src, std::size_t n) {
   launch_typed([](auto... args) { cuda::to_float(args...); }, dst, src, n);
+}
+
+void CudaOps::sum_squares_to(double* out, const std::vector<Span>& spans) {
+  if (spans.empty()) return fill_zero(out, sizeof(double));
+  // As sum_squares, with the span results added in span order on the device.
+  const std::size_t scratch = cuda::sum_squares_scratch_doubles();
+  auto* ws = static_cast<double*>(workspace((scratch + spans.size()) * sizeof(double)));
+  double* results = ws + scratch;
+  fill_zero(results, spans.size() * sizeof(double));
+  for (std::size_t i = 0; i < spans.size(); ++i)
+    if (spans[i].n > 0) cuda::sum_squares(results + i, spans[i].data, spans[i].n, ws, stream());
+  cuda::sum_in_order(out, results, int(spans.size()), stream());
+}
+
+void CudaOps::add_mean(double* total, const float* x, std::size_t n) {
+  cuda::add_mean(total, x, n, stream());
+}
+
+void CudaOps::update_control(float* control, const double* stats, double grad_clip) {
+  cuda::update_control(control, stats, grad_clip, stream());
 }
 
 double CudaOps::sum_squares(const std::vector<Span>& spans) {
@@ -146,7 +225,7 @@ void CudaOps::adamw(float* params, Act* weights, const float* grads, float* m, f
                     std::size_t n, const AdamWStep& h) {
   launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, n, h.lr,
                h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps, h.weight_decay,
-               h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale);
+               h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale, h.control);
 }
 
 // ---- Entry points ----

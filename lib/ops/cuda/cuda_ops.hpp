@@ -10,6 +10,7 @@
 // makes it current on the constructing thread).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -64,6 +65,14 @@ class CudaOps final : public Ops {
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;
   void synchronize() override;
+  void* allocate_host(std::size_t bytes) override;
+  void free_host(void* p) noexcept override;
+  void download_async(void* host_dst, const void* src, std::size_t bytes) override;
+  void mark() override;
+  void wait_queue(const std::function<void()>& poll) override;
+  std::vector<double> take_marks() override;
+  const HostWaitCounter* host_waits() const override { return &waits_; }
+  HostWaitCounter* host_waits() override { return &waits_; }
   void* native_stream() override { return stream_.get(); }
   std::size_t peak_memory_bytes() const override { return memory_.peak(); }
   std::string device_model() const override { return device_model_; }
@@ -71,6 +80,9 @@ class CudaOps final : public Ops {
   void to_compute(Act* dst, const float* src, std::size_t n) override;
   void to_float(float* dst, const Act* src, std::size_t n) override;
   double sum_squares(const std::vector<Span>& spans) override;
+  void sum_squares_to(double* out, const std::vector<Span>& spans) override;
+  void add_mean(double* total, const float* x, std::size_t n) override;
+  void update_control(float* control, const double* stats, double grad_clip) override;
   void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
              const AdamWStep& h) override;
 
@@ -147,7 +159,14 @@ class CudaOps final : public Ops {
   cuda::Stream stream_;
   cuda::Gemm gemm_;
   cuda::DeviceMemory workspace_;
+  // Workspaces outgrown since the last wait_queue: queued work may still use them, and
+  // freeing them now would make the host wait.
+  std::vector<cuda::DeviceMemory> retired_;
   MemoryTracker memory_;
+  HostWaitCounter waits_;
+  // Timing events: those recorded since the last take_marks, then the free ones.
+  std::vector<cuda::Event> marks_, free_marks_;
+  cuda::Event queue_end_;  // wait_queue's event
 };
 
 }  // namespace pptrain::ops

@@ -98,10 +98,16 @@ template <typename T>
 void adamw(float* params, T* weights, const float* grads, float* m, float* v, std::size_t n,
            float lr, float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
            float eps, float weight_decay, float inv_bc1, float inv_bc2, float grad_scale,
-           cudaStream_t s);
+           const float* control, cudaStream_t s);
 // *out = sum of x^2 in fp64, deterministic. `scratch` holds at least
 // sum_squares_scratch_doubles() doubles of device memory.
 void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cudaStream_t s);
 std::size_t sum_squares_scratch_doubles();
+// *out = x[0] + x[1] + ... + x[n-1], in that order (n >= 1).
+void sum_in_order(double* out, const double* x, int n, cudaStream_t s);
+// *total += double(float(sum of x / n)) (ops::Ops::add_mean); n >= 1.
+void add_mean(double* total, const float* x, std::size_t n, cudaStream_t s);
+// ops::Ops::update_control.
+void update_control(float* control, const double* stats, double grad_clip, cudaStream_t s);
 
 }  // namespace pptrain::ops::cuda

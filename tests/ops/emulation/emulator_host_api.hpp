@@ -15,6 +15,7 @@
 #pragma once
 #include <cstddef>
 #include <cstring>
+#include <new>
 
 #include "emulator_runtime.hpp"
 
@@ -130,6 +131,15 @@ cudaError_t cudaMalloc(T** p, std::size_t bytes) {
   return pptrain_emu::device_malloc(reinterpret_cast<void**>(p), bytes);
 }
 static inline cudaError_t cudaFree(void* p) { return pptrain_emu::device_free(p); }
+// Pinned host memory is host memory here; copies into it are queued like any other.
+static inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
+  *p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256});
+  return cudaSuccess;
+}
+static inline cudaError_t cudaFreeHost(void* p) {
+  ::operator delete(p, std::align_val_t{256});
+  return cudaSuccess;
+}
 static inline cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
   *total = std::size_t(141) << 30;
   *free = *total - pptrain_emu::device_bytes_in_use(pptrain_emu::current_device());

@@ -35,7 +35,7 @@ TYPED_TEST(EmulatedOptimizer, AdamWMatchesCpu) {
         kern::adamw<T>(dp.get(), with_weights ? dw.get() : nullptr, dg.get(), dm.get(), dv.get(), n,
                        h.lr, h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps,
                        h.weight_decay, h.inv_bias_correction1, h.inv_bias_correction2,
-                       h.grad_scale, nullptr);
+                       h.grad_scale, nullptr, nullptr);
         this->cpu.adamw(p.data(), nullptr, g.data(), m.data(), v.data(), n, h);
         // The _rn intrinsics follow the CPU's operations one rounding at a time, and each
         // is IEEE's correctly rounded operation: the same bits.
