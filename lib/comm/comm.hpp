@@ -26,6 +26,10 @@ class PendingOp {
   virtual void wait() = 0;
   // True once the operation has completed (never blocks).
   virtual bool test() = 0;
+  // Makes the work queued afterwards on the backend's compute stream wait for the
+  // operation. On a device (NCCL) the host goes on at once and the watchdog keeps
+  // watching it (World::check_progress); a host operation (MPI) is waited for here.
+  virtual void wait_in_queue() { wait(); }
 };
 
 // A communicator over a fixed set of ranks, built at start-up. Every member must call
@@ -38,6 +42,7 @@ class Group {
   virtual int size() const = 0;
   virtual const std::vector<int>& world_ranks() const = 0;  // members, by group rank
 
+  // Arrays are in the memory the group is for: host memory (MPI), device memory (NCCL).
   virtual void all_reduce(float* data, std::size_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* data, std::size_t n, ReduceOp op) = 0;
   // Sum of an array of `dtype` (activations: bf16 on CUDA; MPI takes fp32 only).
@@ -83,11 +88,18 @@ class World {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // Starts every transfer of the batch, then waits for all: a batch may mix sends and
-  // receives, so neighbours exchanging in both directions cannot deadlock.
+  // receives, so neighbours exchanging in both directions cannot deadlock. On a device
+  // (NCCL) the batch is queued on the compute stream, which waits for it; the host goes
+  // on, and the watchdog watches it (check_progress).
   virtual void exchange(const std::vector<Transfer>& batch) = 0;
   // Starts the batch and returns; the buffers must stay alive until wait().
   virtual std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) = 0;
   virtual void barrier() = 0;
+  // The watchdog's look at the operations queued on a device and not yet complete, for
+  // a host that waits on the device by other means (ops::Ops::wait_queue): ends the job
+  // when one failed or has been queued longer than the timeout, naming the rank, group
+  // and operation. Never blocks; nothing to do for host communicators.
+  virtual void check_progress() {}
   // Prints "pptrain: rank R: <message>" to stderr; the whole job exits with
   // `exit_code` (1: a failure; 2: bad input).
   [[noreturn]] virtual void abort(const std::string& message, int exit_code = 1) = 0;
@@ -98,7 +110,7 @@ class World {
 // groups.
 struct DeviceComms {
   std::unique_ptr<World> world;
-  std::unique_ptr<Group> tp, dp;
+  std::unique_ptr<Group> tp, dp, pp;
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
 };
 
@@ -118,6 +130,7 @@ struct Comms {
   World& world_for_model() const { return device ? *device->world : *world; }
   Group* tp_for_model() const { return device ? device->tp.get() : tp.get(); }
   Group* dp_for_model() const { return device ? device->dp.get() : dp.get(); }
+  Group* pp_for_model() const { return device ? device->pp.get() : pp.get(); }
   Group* embedding_for_model() const { return device ? device->embedding.get() : embedding.get(); }
 };
 

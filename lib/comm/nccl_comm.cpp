@@ -1,5 +1,5 @@
 // add_nccl_comms: the NCCL communicators of the rank grid, created at start-up on every
-// rank in one fixed order (world, tp, dp, embedding), each bootstrapped over the host
+// rank in one fixed order (world, tp, dp, pp, embedding), each bootstrapped over the host
 // world (its rank 0 makes the ncclUniqueId and sends it to the other members).
 #include "comm/nccl_comm.hpp"
 
@@ -25,8 +25,9 @@ std::unique_ptr<Group> twin(const std::shared_ptr<detail::NcclContext>& ctx, con
 
 }  // namespace
 
-void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream) {
-  PPTRAIN_CHECK(comms.world && comms.tp && comms.dp,
+void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
+                    HostWaitCounter* host_waits) {
+  PPTRAIN_CHECK(comms.world && comms.tp && comms.dp && comms.pp,
                 "add_nccl_comms: the host communicators must exist first");
   PPTRAIN_CHECK(!comms.device, "add_nccl_comms: comms already has device communicators");
   World& host = *comms.world;
@@ -39,13 +40,14 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream) {
                 "add_nccl_comms: the embedding group does not match the rank grid");
 
   auto ctx = std::make_shared<detail::NcclContext>(
-      host, static_cast<cudaStream_t>(compute_stream), comms.timeout_s);
+      host, static_cast<cudaStream_t>(compute_stream), comms.timeout_s, host_waits);
   auto device = std::make_unique<DeviceComms>();
   std::vector<int> everyone(static_cast<std::size_t>(size));
   std::iota(everyone.begin(), everyone.end(), 0);
   device->world = detail::make_nccl_world(ctx, ctx->add_comm(everyone, "world", 0), size);
   device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
   device->dp = twin(ctx, *comms.dp, grid.dp_group(rank), 2);
+  device->pp = twin(ctx, *comms.pp, grid.pp_group(rank), 4);
   if (has_embedding) device->embedding = twin(ctx, *comms.embedding, grid.embedding_group(rank), 3);
   comms.device = std::move(device);
 }

@@ -5,21 +5,25 @@
 #include <memory>
 
 #include "comm/comm.hpp"
+#include "core/host_waits.hpp"
 
 namespace pptrain::comm {
 
 // True when this build has NCCL communicators.
 bool nccl_built();
 
-// Adds comms.device: a World and the tp, dp and embedding groups of `grid` over NCCL,
-// created on every rank in the same order, on the current CUDA device. Collectives and
-// transfers are ordered after the work already queued on `compute_stream` (a
+// Adds comms.device: a World and the tp, dp, pp and embedding groups of `grid` over
+// NCCL, created on every rank in the same order, on the current CUDA device. Collectives
+// and transfers are ordered after the work already queued on `compute_stream` (a
 // cudaStream_t) and the compute stream waits for them, except all_reduce_start, which
-// runs on a stream of its own so gradient reduction overlaps the backward pass. Waits
-// poll ncclCommGetAsyncError; after comms.timeout_s seconds the communicators are
-// aborted (ncclCommAbort) and the job exits with kExitCommFailure, naming rank, group
-// and operation. Collective over the world. Throws std::runtime_error when NCCL is not
-// built.
-void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream);
+// runs on a stream of its own so gradient reduction overlaps the backward pass. The host
+// does not wait for them: the watchdog watches every queued operation, from the host's
+// waits and from World::check_progress; an operation that fails, or is not complete
+// comms.timeout_s seconds after it was queued, aborts the communicators (ncclCommAbort)
+// and ends the job with kExitCommFailure, naming rank, group and operation. Every host
+// wait on the device counts in `host_waits` (when given). Collective over the world.
+// Throws std::runtime_error when NCCL is not built.
+void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
+                    HostWaitCounter* host_waits = nullptr);
 
 }  // namespace pptrain::comm

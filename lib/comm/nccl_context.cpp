@@ -22,9 +22,10 @@ std::string seconds_text(double s) {
 
 }  // namespace
 
-NcclContext::NcclContext(World& host_world, cudaStream_t compute, double timeout_s)
+NcclContext::NcclContext(World& host_world, cudaStream_t compute, double timeout_s,
+                         HostWaitCounter* host_waits)
     : host_world_(host_world), compute_(compute), timeout_s_(timeout_s),
-      world_rank_(host_world.rank()) {
+      world_rank_(host_world.rank()), host_waits_(host_waits) {
   // Gradient reduction runs beside the backward pass: give it the highest priority so
   // its kernels get SMs as soon as any free up.
   const NcclOpInfo info{"start-up", "world", "all"};
@@ -40,6 +41,7 @@ NcclContext::~NcclContext() {
   // Nothing may still use a communicator when it is destroyed. Errors are ignored: at
   // teardown there is nothing left to do about them.
   (void)cudaDeviceSynchronize();
+  for (const Watched& w : watched_) (void)cudaEventDestroy(w.done);
   for (auto it = comms_.rbegin(); it != comms_.rend(); ++it) (void)ncclCommDestroy(*it);
   if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
 }
@@ -94,29 +96,62 @@ cudaEvent_t NcclContext::record(cudaStream_t stream, const NcclOpInfo& info) {
   return event;
 }
 
+namespace {
+// True once `done` has completed; ends the job through ctx when it or comm failed.
+bool completed(NcclContext& ctx, cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info) {
+  const cudaError_t state = cudaEventQuery(done);
+  if (state == cudaSuccess) return true;
+  if (state != cudaErrorNotReady) ctx.check(state, "cudaEventQuery", info);
+  ncclResult_t async = ncclSuccess;
+  ctx.check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", info);
+  if (async != ncclSuccess && async != ncclInProgress)
+    ctx.check(async, "an asynchronous NCCL operation", info);
+  return false;
+}
+}  // namespace
+
+void NcclContext::check_age(std::chrono::steady_clock::time_point since, const NcclOpInfo& info) {
+  if (timeout_s_ > 0 &&
+      std::chrono::steady_clock::now() - since > std::chrono::duration<double>(timeout_s_))
+    abort(info.op + " on group " + info.group + " did not complete within " +
+              seconds_text(timeout_s_) + " s (peers: " + info.peers + "); aborting",
+          kExitCommFailure);
+}
+
 void NcclContext::wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info) {
-  using Clock = std::chrono::steady_clock;
   constexpr int kSpins = 1000;
   constexpr auto kMaxSleep = std::chrono::microseconds(100);
-  const auto start = Clock::now();
-  const auto limit = std::chrono::duration<double>(timeout_s_);
+  const auto start = std::chrono::steady_clock::now();
+  if (host_waits_) host_waits_->add();
   auto sleep = std::chrono::microseconds(1);
   for (int polls = 0;; ++polls) {
-    const cudaError_t state = cudaEventQuery(done);
-    if (state == cudaSuccess) return;
-    if (state != cudaErrorNotReady) check(state, "cudaEventQuery", info);
-    ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", info);
-    if (async != ncclSuccess && async != ncclInProgress)
-      check(async, "an asynchronous NCCL operation", info);
+    if (completed(*this, done, comm, info)) return;
     if (polls < kSpins) continue;
-    if (timeout_s_ > 0 && Clock::now() - start > limit)
-      abort(info.op + " on group " + info.group + " did not complete within " +
-                seconds_text(timeout_s_) + " s (peers: " + info.peers + "); aborting",
-            kExitCommFailure);
+    check_age(start, info);
+    check_progress();  // an older queued operation may be what holds this one
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);
   }
+}
+
+void NcclContext::watch(cudaEvent_t done, ncclComm_t comm, NcclOpInfo info) {
+  watched_.push_back({done, comm, std::move(info), std::chrono::steady_clock::now()});
+}
+
+void NcclContext::check_progress() {
+  // Operations complete in queue order on one stream, so the oldest unfinished one is
+  // the one to name; the later ones wait behind it.
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < watched_.size(); ++i) {
+    Watched& w = watched_[i];
+    if (completed(*this, w.done, w.comm, w.info)) {
+      (void)cudaEventDestroy(w.done);
+      continue;
+    }
+    check_age(w.queued, w.info);
+    watched_[kept++] = std::move(w);
+  }
+  watched_.resize(kept);
 }
 
 void NcclContext::abort(const std::string& message, int exit_code) {
@@ -136,12 +171,20 @@ NcclPending::NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cuda
 
 NcclPending::~NcclPending() {
   wait();
-  (void)cudaEventDestroy(done_);
+  if (done_) (void)cudaEventDestroy(done_);
 }
 
 void NcclPending::wait() {
   if (!complete_) ctx_->wait(done_, comm_, info_);
   complete_ = true;
+}
+
+void NcclPending::wait_in_queue() {
+  if (complete_) return;
+  ctx_->check(cudaStreamWaitEvent(ctx_->compute_stream(), done_, 0), "cudaStreamWaitEvent", info_);
+  ctx_->watch(done_, comm_, std::move(info_));
+  done_ = nullptr;  // the context owns it now
+  complete_ = true;  // for this object: nothing is left to wait for
 }
 
 bool NcclPending::test() {

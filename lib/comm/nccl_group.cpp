@@ -1,10 +1,10 @@
 // Collectives of one NCCL communicator on arrays in GPU memory. Each is queued on the
 // compute stream, after the work already there and before the work queued later; the
 // host does not wait. all_reduce_start runs on the context's own stream instead, so
-// gradient reduction overlaps the backward pass, and its wait() is watched.
+// gradient reduction overlaps the backward pass; its wait() is watched, and its
+// wait_in_queue() leaves the host free.
 #include <algorithm>
 #include <cstddef>
-#include <stdexcept>
 #include <utility>
 
 #include "comm/mpi_wait.hpp"
@@ -38,10 +38,10 @@ class NcclGroup final : public Group {
     ctx_->check(ncclAllReduce(data, data, n, ncclFloat32, nccl_op(op), comm_, stream()),
                 "ncclAllReduce", info("all_reduce"));
   }
-  void all_reduce(double*, std::size_t, ReduceOp) override {
-    throw std::logic_error(name_ + ": all_reduce of host doubles on an NCCL group; host values "
-                                   "use the MPI groups of Comms (all, tp, dp, pp, embedding), "
-                                   "not Comms::device");
+  void all_reduce(double* data, std::size_t n, ReduceOp op) override {
+    if (n == 0) return;
+    ctx_->check(ncclAllReduce(data, data, n, ncclFloat64, nccl_op(op), comm_, stream()),
+                "ncclAllReduce", info("all_reduce"));
   }
   void all_reduce(void* data, std::size_t n, DType dtype) override {
     if (n == 0) return;

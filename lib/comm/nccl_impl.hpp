@@ -5,11 +5,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "core/host_waits.hpp"
 
 namespace pptrain::comm::detail {
 
@@ -25,8 +27,10 @@ struct NcclOpInfo {
 // through the host world, so no rank is left waiting in a collective.
 class NcclContext {
  public:
-  // host_world must outlive the context (Comms destroys `device` before `world`).
-  NcclContext(World& host_world, cudaStream_t compute, double timeout_s);
+  // host_world must outlive the context (Comms destroys `device` before `world`), and
+  // host_waits (may be null) too.
+  NcclContext(World& host_world, cudaStream_t compute, double timeout_s,
+              HostWaitCounter* host_waits);
   // Waits for the device, then destroys the communicators, newest first. Does not touch
   // the compute stream, which may already be gone.
   ~NcclContext();
@@ -51,8 +55,15 @@ class NcclContext {
   cudaEvent_t record(cudaStream_t stream, const NcclOpInfo& info);
 
   // Blocks until `done` has completed, polling it and comm's asynchronous error; past
-  // the timeout (if > 0) prints the watchdog line and ends the job.
+  // the timeout (if > 0) prints the watchdog line and ends the job. One host wait.
   void wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info);
+
+  // Takes `done` (recorded after an operation the host does not wait for) and watches
+  // it from check_progress until it completes.
+  void watch(cudaEvent_t done, ncclComm_t comm, NcclOpInfo info);
+  // Drops the watched operations that have completed; ends the job when one failed or
+  // has been queued longer than the timeout. Never blocks.
+  void check_progress();
 
   // Aborts every communicator, then ends the job through the host world.
   [[noreturn]] void abort(const std::string& message, int exit_code);
@@ -63,7 +74,18 @@ class NcclContext {
   cudaStream_t comm_stream_ = nullptr;
   double timeout_s_;
   int world_rank_;
+  // Ends the job naming `info` once `since` is more than the timeout ago.
+  void check_age(std::chrono::steady_clock::time_point since, const NcclOpInfo& info);
+
+  struct Watched {
+    cudaEvent_t done;
+    ncclComm_t comm;
+    NcclOpInfo info;
+    std::chrono::steady_clock::time_point queued;
+  };
+  HostWaitCounter* host_waits_;
   std::vector<ncclComm_t> comms_;  // in creation order
+  std::vector<Watched> watched_;   // oldest first
   bool aborted_ = false;
 };
 
@@ -77,6 +99,7 @@ class NcclPending final : public PendingOp {
   ~NcclPending() override;
   void wait() override;
   bool test() override;
+  void wait_in_queue() override;  // the compute stream waits on the event; the context watches it
 
  private:
   std::shared_ptr<NcclContext> ctx_;

@@ -1,8 +1,9 @@
 // Point-to-point by world rank over an NCCL communicator of every rank: a batch of
 // sends and receives is one NCCL group (ncclGroupStart/End) on the compute stream, so
-// neighbours exchanging both ways cannot deadlock inside a batch; exchange() and wait()
-// block under the watchdog until it has completed. Barriers and aborts go through the
-// host world.
+// neighbours exchanging both ways cannot deadlock inside a batch. exchange() returns at
+// once: the compute stream orders the batch before later work, and the context's
+// watchdog watches it; the wait() of exchange_start blocks under the watchdog. Barriers
+// and aborts go through the host world.
 //
 // NCCL matches a peer's sends with this rank's receives in the order they are issued,
 // not by tag. Within a batch the transfers are issued in tag order, so two batches that
@@ -34,7 +35,12 @@ class NcclWorld final : public World {
   int rank() const override { return ctx_->world_rank(); }
   int size() const override { return size_; }
 
-  void exchange(const std::vector<Transfer>& batch) override { exchange_start(batch)->wait(); }
+  void exchange(const std::vector<Transfer>& batch) override {
+    ctx_->check_progress();
+    exchange_start(batch)->wait_in_queue();
+  }
+
+  void check_progress() override { ctx_->check_progress(); }
 
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
     for (const Transfer& t : batch) check_transfer(t);

@@ -7,7 +7,7 @@ namespace pptrain::comm {
 
 bool nccl_built() { return false; }
 
-void add_nccl_comms(Comms&, const RankGrid&, void*) {
+void add_nccl_comms(Comms&, const RankGrid&, void*, HostWaitCounter*) {
   throw std::runtime_error("this build of pptrain has no NCCL communicators (configure with the "
                            "CUDA toolkit and NCCL installed, PPTRAIN_CUDA=AUTO or ON)");
 }

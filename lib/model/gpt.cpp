@@ -109,7 +109,7 @@ void GptModel::backward_input() { backward_input(0, *whole_); }
 void GptModel::backward_weight() { backward_weight(0, *whole_); }
 
 float GptModel::forward(int chunk, Activations& a, const int32_t* tokens, const ops::Act* input,
-                        const int32_t* targets, float loss_scale) {
+                        const int32_t* targets, float loss_scale, double* loss_total) {
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const int n = c.layer_end - c.layer_begin;
   const size_t N = size_t(B_) * T_;
@@ -124,7 +124,7 @@ float GptModel::forward(int chunk, Activations& a, const int32_t* tokens, const 
   for (int i = 0; i < n; ++i) layer_forward(c.layer_begin + i, layer_view(a, i, Pass::Forward));
   if (!c.last) return 0.0f;
   ops_.upload(act(a, Slot::targets), targets, sizeof(int32_t) * N);
-  return head_forward(a, loss_scale);
+  return head_forward(a, loss_scale, loss_total);
 }
 
 void GptModel::embed(Activations& a) {
@@ -161,7 +161,7 @@ void GptModel::add_positions(ops::Act* x) {
   }
 }
 
-float GptModel::head_forward(Activations& a, float loss_scale) {
+float GptModel::head_forward(Activations& a, float loss_scale, double* loss_total) {
   const int N = B_ * T_, V = cfg_.vocab_size;
   const ops::Act* wte = weight("transformer.wte.weight");
   ops::Act *lnf = act(a, Slot::lnf), *logits = act(a, Slot::logits);
@@ -188,6 +188,10 @@ float GptModel::head_forward(Activations& a, float loss_scale) {
     tp_.reduce_stats(ce_stats, 2 * size_t(N), comm::ReduceOp::Sum);
     ops_.ce_finish(losses, dlogits, logits, ce_max, ce_stats, targets, N, Vrows_, vocab_begin_, V,
                    dloss);
+  }
+  if (loss_total) {
+    ops_.add_mean(loss_total, losses, size_t(N));
+    return 0.0f;
   }
   ops_.download(a.host_losses.data(), losses, sizeof(float) * size_t(N));
   double sum = 0;

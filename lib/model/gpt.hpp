@@ -86,9 +86,11 @@ class GptModel {
   // previous stage's output). A last chunk returns the mean loss over `targets` (host
   // memory); with loss_scale > 0 it prepares backward of (loss_scale * mean loss) (the
   // fused cross-entropy turns the logits into their gradient); loss_scale == 0 is
-  // evaluation only. Other chunks return 0 and leave their output in output(a).
+  // evaluation only. Other chunks return 0 and leave their output in output(a). With
+  // `loss_total` (backend memory, one fp64) a last chunk adds its mean loss there
+  // (ops::Ops::add_mean) instead, without waiting for it, and returns 0.
   float forward(int chunk, Activations& a, const int32_t* tokens, const ops::Act* input,
-                const int32_t* targets, float loss_scale);
+                const int32_t* targets, float loss_scale, double* loss_total = nullptr);
   // The single-chunk whole model: forward on tokens/targets.
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale = 0.0f);
 
@@ -139,7 +141,7 @@ class GptModel {
   void recompute(int layer, int local, LayerView& v);
   void embed(Activations& a);
   void add_positions(ops::Act* x);
-  float head_forward(Activations& a, float loss_scale);
+  float head_forward(Activations& a, float loss_scale, double* loss_total);
   void head_backward_input(Activations& a);
   void chunk_backward_weight(int chunk, Activations& a);  // head and embedding W
 

@@ -95,8 +95,9 @@ class Ops {
   virtual void download_async(void* host_dst, const void* src, std::size_t bytes) {
     download(host_dst, src, bytes);
   }
-  // Records a point in the queue, after the work queued so far, for timing.
-  virtual void mark() = 0;
+  // Records a point in the queue, after the work queued so far, for timing; returns its
+  // index in what the next take_marks() gives.
+  virtual std::size_t mark() = 0;
   // Waits until every queued op has finished, calling `poll` between checks (the
   // communicators' watchdog); a device backend counts this as one host wait.
   virtual void wait_queue(const std::function<void()>& poll) { (void)poll; synchronize(); }

@@ -24,7 +24,7 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
       v_(ops::Buffer::zeroed(ops, size() * sizeof(float))) {}
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
-                 float grad_scale, int64_t t) {
+                 float grad_scale, int64_t t, const float* control) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
   // 1 - beta and the bias corrections once per step, in double, then used as fp32
   // factors.
@@ -38,6 +38,7 @@ void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
   h.inv_bias_correction1 = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
   h.inv_bias_correction2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
   h.grad_scale = grad_scale;
+  h.control = control;
   const DType dt = ops_.compute_dtype();
   for (const ParamEntry& e : layout_.entries()) {
     // The part of the entry inside this optimizer's range.
@@ -49,21 +50,22 @@ void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
   }
 }
 
-double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
-                       const std::function<bool(const ParamEntry&)>& counted, std::size_t begin,
-                       std::size_t end) {
+std::vector<ops::Span> grad_spans(const ParamLayout& layout, const float* grads,
+                                  const std::function<bool(const ParamEntry&)>& counted,
+                                  std::size_t begin, std::size_t end) {
   std::vector<ops::Span> spans;
   for (const ParamEntry& e : layout.entries()) {
     if (!counted(e)) continue;
     const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
     if (lo < hi) spans.push_back({grads + lo, hi - lo});
   }
-  return ops.sum_squares(spans);
+  return spans;
 }
 
-float clip_scale(double norm, double grad_clip) {
-  if (grad_clip > 0.0 && norm > grad_clip) return float(grad_clip / (norm + 1e-6));
-  return 1.0f;
+double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
+                       const std::function<bool(const ParamEntry&)>& counted, std::size_t begin,
+                       std::size_t end) {
+  return ops.sum_squares(grad_spans(layout, grads, counted, begin, end));
 }
 
 }  // namespace pptrain

@@ -1,10 +1,11 @@
-// AdamW over the flat parameter arena, plus global gradient-norm clipping helpers.
+// AdamW over the flat parameter arena, plus the gradient-norm helpers.
 // Moments are fp32 arenas laid out by the same ParamLayout as parameters and grads, in
 // the backend's memory; the arithmetic is the backend's (ops::Ops::adamw, sum_squares).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "config/config.hpp"
 #include "model/param_layout.hpp"
@@ -27,9 +28,10 @@ class AdamW {
   // One update of every entry in range; params and grads are arenas of
   // layout.total_floats() in backend memory (only [begin, end) is read or written).
   // When `weights` is not null the updated elements are also written there in the
-  // backend's compute dtype (the model's weight copy).
+  // backend's compute dtype (the model's weight copy). `control` (backend memory; may be
+  // null): ops::AdamWStep::control, which replaces grad_scale and may skip the update.
   void step(float* params, ops::Act* weights, const float* grads, float lr, float grad_scale,
-            int64_t t);
+            int64_t t, const float* control = nullptr);
 
   // First and second moments of elements [begin, end) in backend memory: arena element
   // i is moment i - begin (zero at construction).
@@ -45,13 +47,14 @@ class AdamW {
   ops::Buffer m_, v_;
 };
 
-// Sum of squares of the gradient entries for which `counted` is true (fp64, fixed order):
-// a rank's share of a global norm. grads is in backend memory.
+// The parts in [begin, end) of the gradient entries for which `counted` is true, in
+// layout order: a rank's share of a global norm. grads is in backend memory.
+std::vector<ops::Span> grad_spans(const ParamLayout& layout, const float* grads,
+                                  const std::function<bool(const ParamEntry&)>& counted,
+                                  std::size_t begin = 0, std::size_t end = SIZE_MAX);
+// Their sum of squares (fp64, fixed order).
 double grad_square_sum(ops::Ops& ops, const ParamLayout& layout, const float* grads,
                        const std::function<bool(const ParamEntry&)>& counted,
                        std::size_t begin = 0, std::size_t end = SIZE_MAX);
-
-// Clipping multiplier: grad_clip > 0 and norm > grad_clip -> grad_clip / (norm + 1e-6); else 1.
-float clip_scale(double norm, double grad_clip);
 
 }  // namespace pptrain

@@ -253,20 +253,19 @@ void PipelineExecutor::communicate(const Step& step) {
   for (const Action& m : step.actions) sent(m);
 }
 
-PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scale,
-                                           const ActionFn& on_action,
-                                           const std::function<void(int)>& chunk_done) {
-  PipelineStats stats;
-  const auto start = Clock::now();
+void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double* loss_total,
+                                  const std::function<void(int)>& chunk_done) {
+  ops::Ops& ops = model_.backend();
   const auto& chunks = model_.partition().chunks;
   ChunkCompletion completion(chunks, m_, chunk_done);
+  peak_activations_ = 0;
+  started_ = Clock::now();
+  first_mark_ = ops.mark();
   for (step_ = 0; step_ < steps_.size(); ++step_) {
     const Step& step = steps_[step_];
     const Action& a = step.actions[0];
     const Key key{a.microbatch, a.chunk};
     const ChunkSpec& spec = chunks[size_t(a.chunk)];
-    const auto t0 = Clock::now();
-    bool compute = false;
     if (step.kind == Step::Messages || step.kind == Step::PostSends) {
       communicate(step);
     } else if (step.kind == Step::LocalCopy) {
@@ -275,38 +274,48 @@ PipelineStats PipelineExecutor::train_step(const BatchFn& batch, float loss_scal
     } else if (a.op == Op::Forward) {
       GptModel::Activations& acts = acquire(key);
       if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
-      stats.loss_sum += model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts),
-                                       targets_.data(), loss_scale);
-      compute = true;
+      model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts), targets_.data(),
+                     loss_scale, loss_total);
     } else if (a.op == Op::BackwardInput) {
       model_.backward_input(a.chunk, acquire(key));
-      compute = true;
     } else {
       model_.backward_weight(a.chunk, acquire(key));
-      compute = true;
       // The input gradient may still have to be sent (schedules that run W first).
       weight_done_.insert(key);
       if (spec.first || gradient_sent_.count(key)) release(key);
       completion.weight_done(a.chunk);
     }
-    // A device backend queues its work: wait for it, so compute time is measured where
-    // it is spent (a no-op on the CPU).
-    if (compute) model_.backend().synchronize();
-    const auto t1 = Clock::now();
-    const double s = std::chrono::duration<double>(t1 - t0).count();
-    (compute ? stats.compute_s : stats.wait_s) += s;
-    if (compute)
-      (a.op == Op::Forward ? stats.forward_s
-       : a.op == Op::BackwardInput ? stats.backward_input_s : stats.backward_weight_s) += s;
-    stats.peak_activations = std::max(stats.peak_activations, int(live_.size() + draining_.size()));
-    if (on_action)
-      for (const Action& m : step.actions) on_action(m, t0, t1);
+    ops.mark();  // the step's end: no wait, the marks are read after the step
+    peak_activations_ = std::max(peak_activations_, int(live_.size() + draining_.size()));
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
-  const auto d0 = Clock::now();
   drain();
-  stats.wait_s += std::chrono::duration<double>(Clock::now() - d0).count();
-  stats.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  ops.mark();
+}
+
+PipelineStats PipelineExecutor::step_stats(const std::vector<double>& marks,
+                                           const ActionFn& on_action) const {
+  PPTRAIN_CHECK(marks.size() >= first_mark_ + steps_.size() + 2, "step_stats: marks missing");
+  const double* at = marks.data() + first_mark_;
+  PipelineStats stats;
+  stats.peak_activations = peak_activations_;
+  auto host_time = [&](double s) {
+    return started_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s - at[0]));
+  };
+  for (std::size_t i = 0; i < steps_.size(); ++i) {
+    const Step& step = steps_[i];
+    const Op op = step.actions[0].op;
+    const bool compute = step.kind == Step::Compute;
+    const double s = at[i + 1] - at[i];
+    (compute ? stats.compute_s : stats.wait_s) += s;
+    if (compute)
+      (op == Op::Forward ? stats.forward_s
+       : op == Op::BackwardInput ? stats.backward_input_s : stats.backward_weight_s) += s;
+    if (on_action)
+      for (const Action& m : step.actions) on_action(m, host_time(at[i]), host_time(at[i + 1]));
+  }
+  stats.wait_s += at[steps_.size() + 1] - at[steps_.size()];  // the final drain
+  stats.elapsed_s = at[steps_.size() + 1] - at[0];
   return stats;
 }
 
@@ -320,8 +329,11 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       const Key key{mb, c};
       GptModel::Activations& acts = acquire(key);
       const Action receive{Op::RecvForward, mb, c}, send{Op::SendForward, mb, c};
-      if (!spec.first && placement_.previous(stage_, c).stage != stage_)
+      if (!spec.first && placement_.previous(stage_, c).stage != stage_) {
         world_.exchange({transfer(receive)});
+        // The forward reads its losses back; wait here, under the watchdog, for the input.
+        model_.backend().wait_queue([&] { world_.check_progress(); });
+      }
       if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
                                  targets_.data(), 0.0f);
@@ -336,6 +348,8 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       release(key);
     }
   }
+  // The last sends are queued on a device: done before the host's own collectives.
+  model_.backend().wait_queue([&] { world_.check_progress(); });
   return loss_sum;
 }
 

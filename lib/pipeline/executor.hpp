@@ -45,8 +45,9 @@ ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement
                                  int stage, const std::vector<bool>& fused,
                                  const std::vector<std::size_t>& reusable = {});
 
+// Times of one step's schedule, from the backend's marks (ops::Ops::mark): device time
+// on CUDA, host time on the CPU.
 struct PipelineStats {
-  double loss_sum = 0;      // sum of the micro-batch mean losses (last stage; else 0)
   double compute_s = 0;     // forward and backward passes (tensor-parallel all-reduces included)
   double forward_s = 0, backward_input_s = 0, backward_weight_s = 0;  // compute_s by kind
   double wait_s = 0;        // waiting for neighbours' messages
@@ -69,12 +70,18 @@ class PipelineExecutor {
                    ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
                    MessageMode mode, const StageCosts& planned = {});
 
-  // One training step's schedule with loss scale `loss_scale` per micro-batch. Every
-  // weight gradient is accumulated when it returns; chunk_done(c) is called as soon as
-  // chunk c's gradients are final: its last weight-gradient pass has run (and, for the
+  // Queues one training step's schedule with loss scale `loss_scale` per micro-batch;
+  // on a device backend the host does not wait for it. A last stage adds each
+  // micro-batch's mean loss to *loss_total (backend memory, fp64). Every weight
+  // gradient is accumulated when it returns; chunk_done(c) is called as soon as chunk
+  // c's gradients are final: its last weight-gradient pass is queued (and, for the
   // chunk holding the token embedding, that of a local head chunk sharing it).
-  PipelineStats train_step(const BatchFn& batch, float loss_scale, const ActionFn& on_action = {},
-                           const std::function<void(int)>& chunk_done = {});
+  void train_step(const BatchFn& batch, float loss_scale, double* loss_total,
+                  const std::function<void(int)>& chunk_done = {});
+  // The last train_step's times, from `marks` (the backend's take_marks(), read after
+  // its wait_queue()); on_action, if set, gets each action's span, placed on the host
+  // clock from the step's start.
+  PipelineStats step_stats(const std::vector<double>& marks, const ActionFn& on_action = {}) const;
   // Forward only through `count` micro-batches; returns the sum of their mean losses
   // on the last stage (0 elsewhere). `losses_out`, if set, receives per-position losses
   // of each micro-batch on the last stage (count * batch * seq_len).
@@ -118,6 +125,11 @@ class PipelineExecutor {
   std::vector<Draining> draining_;
   std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
+  // The last train_step: the index of its first mark (one more after each step, and
+  // one after the final drain), the host time it was taken, the most sets it held.
+  std::size_t first_mark_ = 0;
+  Clock::time_point started_;
+  int peak_activations_ = 0;
 };
 
 }  // namespace pptrain

@@ -49,7 +49,18 @@ GradSync::GradSync(Session& s)
     padded_ = ops::Buffer(*s.ops, shard_ * size_t(s.grid.dp()) * sizeof(float));
     shard_grads_ = ops::Buffer(*s.ops, shard_ * sizeof(float));
   }
+  stats_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(double));
+  control_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(float));
+  host_stats_ = {static_cast<double*>(s.ops->allocate_host(2 * sizeof(double))), {s.ops.get()}};
+  host_stats_.get()[0] = host_stats_.get()[1] = 0.0;
 }
+
+void GradSync::start_step() {
+  buckets_.clear();
+  stats_.zero();
+}
+
+double GradSync::grad_norm() const { return std::sqrt(host_stats_.get()[1]); }
 
 void GradSync::chunk_done(int chunk) {
   if (zero_ || s_.grid.dp() == 1) return;
@@ -57,10 +68,11 @@ void GradSync::chunk_done(int chunk) {
   buckets_.push_back(s_.comms.dp_for_model()->all_reduce_start(s_.model.grads() + b, e - b));
 }
 
-double GradSync::finish() {
+void GradSync::finish(double grad_clip) {
   ops::Ops& ops = *s_.ops;
   float* grads = s_.model.grads();
-  for (auto& b : buckets_) b->wait();  // before touching the embedding gradient below
+  // Before touching the embedding gradient below; the host goes on.
+  for (auto& b : buckets_) b->wait_in_queue();
   buckets_.clear();
   sum_layer_norms_over_tp();
   comm::Group* embedding = s_.comms.embedding_for_model();
@@ -76,15 +88,23 @@ double GradSync::finish() {
     ops.copy(grads + begin_, shard_grads_.get(), (end_ - begin_) * sizeof(float));
   }
   // Each tensor counted once: tp-split shards all, replicated tensors on tp rank 0, the
-  // tied copy never; under ZeRO each dp rank adds its shard.
-  double sq = grad_square_sum(
-      ops, s_.model.layout(), grads,
-      [&](const ParamEntry& e) { return !e.tied_copy && (!e.replicated() || s_.coord.tp == 0); },
-      begin_, end_);
-  s_.comms.tp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
-  s_.comms.pp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
-  if (zero_) s_.comms.dp->all_reduce(&sq, 1, comm::ReduceOp::Sum);
-  return std::sqrt(sq);
+  // tied copy never; each dp rank its ZeRO shard, or dp rank 0 all when every dp rank
+  // holds the same sums. The loss comes from tp rank 0 of the head stage.
+  double* stats = static_cast<double*>(stats_.get());
+  const bool counts = zero_ || s_.coord.dp == 0;
+  ops.sum_squares_to(stats + 1, grad_spans(
+                                    s_.model.layout(), grads,
+                                    [&](const ParamEntry& e) {
+                                      return counts && !e.tied_copy &&
+                                             (!e.replicated() || s_.coord.tp == 0);
+                                    },
+                                    begin_, end_));
+  if (!(s_.head_stage() && s_.coord.tp == 0)) ops.fill_zero(stats, sizeof(double));
+  s_.comms.tp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
+  s_.comms.pp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
+  s_.comms.dp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
+  ops.update_control(control_.f32(), stats, grad_clip);
+  ops.download_async(host_stats_.get(), stats, 2 * sizeof(double));
 }
 
 void GradSync::sum_layer_norms_over_tp() {
@@ -114,14 +134,15 @@ void GradSync::all_gather_range(const float* shard, float* full) {
   ops.copy(full, padded_.get(), total_ * sizeof(float));
 }
 
-void GradSync::update(AdamW& opt, float lr, float grad_scale, int64_t t) {
+void GradSync::update(AdamW& opt, float lr, int64_t t) {
   GptModel& model = s_.model;
+  const float* control = control_.f32();
   if (!zero_) {  // the update writes the weight copy too
     opt.step(model.params(), model.has_weight_copy() ? model.weights() : nullptr, model.grads(),
-             lr, grad_scale, t);
+             lr, 1.0f, t, control);
     return;
   }
-  opt.step(model.params(), nullptr, model.grads(), lr, grad_scale, t);
+  opt.step(model.params(), nullptr, model.grads(), lr, 1.0f, t, control);
   float* params = model.params();
   all_gather_range(params + begin_, params);
   model.refresh_weights();

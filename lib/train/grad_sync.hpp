@@ -25,13 +25,23 @@ class GradSync {
   std::size_t begin() const { return begin_; }
   std::size_t end() const { return end_; }
 
-  void start_step() { buckets_.clear(); }
+  // Starts a step: zeroes its statistics.
+  void start_step();
+  // Where the executor adds the step's micro-batch losses (backend memory, fp64).
+  double* loss_total() { return stats_.get() ? static_cast<double*>(stats_.get()) : nullptr; }
   void chunk_done(int chunk);  // the chunk's gradients are final
-  // Completes every reduction; returns the global gradient norm.
-  double finish();
-  // The optimizer step over this rank's range, then (ZeRO) the all-gather of the
-  // updated shards; the model's weight copy is refreshed either way.
-  void update(AdamW& opt, float lr, float grad_scale, int64_t t);
+  // Queues the rest of every reduction, the global loss and squared gradient norm (summed
+  // over the tp, pp and dp groups for the model's arrays) and the update's control
+  // (ops::Ops::update_control with `grad_clip`), then the copy of those to the host.
+  void finish(double grad_clip);
+  // The optimizer step over this rank's range, skipped on the backend when the step's
+  // loss or norm is not finite, then (ZeRO) the all-gather of the updated shards; the
+  // model's weight copy is refreshed either way.
+  void update(AdamW& opt, float lr, int64_t t);
+  // After the backend's wait_queue(): the step's loss summed over the data-parallel
+  // ranks (each a sum of micro-batch means) and the global gradient norm.
+  double loss_sum() const { return host_stats_.get()[0]; }
+  double grad_norm() const;
 
   // Whole-arena moments for a checkpoint, in host memory (all-gathered over dp under ZeRO).
   void full_moments(AdamW& opt, float* m, float* v);
@@ -52,6 +62,14 @@ class GradSync {
   ops::Buffer layer_norm_grads_;                // their gradients, packed
   std::vector<std::unique_ptr<comm::PendingOp>> buckets_;
   ops::Buffer padded_, shard_grads_;  // ZeRO only: shard_ * dp and shard_ floats
+  // The step's {loss, squared norm} (fp64) and the update's control (2 floats), in
+  // backend memory; the statistics' host copy (pinned on a device).
+  ops::Buffer stats_, control_;
+  struct FreeHost {
+    ops::Ops* ops;
+    void operator()(double* p) const noexcept { ops->free_host(p); }
+  };
+  std::unique_ptr<double, FreeHost> host_stats_;
 };
 
 }  // namespace pptrain

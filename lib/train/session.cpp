@@ -95,7 +95,7 @@ std::unique_ptr<ops::Ops> make_rank_backend(const Config& c, const RankGrid& gri
                                             comm::Comms& comms) {
   auto ops = make_backend(c, comm::detect_launcher().local_rank);
   if (ops->device_memory() && grid.world_size() > 1)
-    comm::add_nccl_comms(comms, grid, ops->native_stream());
+    comm::add_nccl_comms(comms, grid, ops->native_stream(), ops->host_waits());
   return ops;
 }
 }  // namespace

@@ -53,24 +53,26 @@ struct StepReport {
   int peak_activations = 0;
   double peak_rss_mib = 0;
   double peak_memory_mib = 0;  // most backend memory a rank held at once, max over ranks
+  int device_syncs = 0;        // most host waits on the device any rank made in the step
   bool stop = false;  // some rank got a stop signal
 };
 
-StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, bool stop) {
+StepReport aggregate(Session& s, const PipelineStats& st, double comm_s, double device_syncs,
+                     bool stop) {
   const double bubble = st.elapsed_s > 0 ? 1.0 - st.compute_s / st.elapsed_s : 0.0;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   double sums[7] = {bubble, st.compute_s, st.wait_s, comm_s,
                     st.forward_s, st.backward_input_s, st.backward_weight_s};
-  double extremes[6] = {bubble, -bubble, double(st.peak_activations),
+  double extremes[7] = {bubble, -bubble, double(st.peak_activations),
                         double(usage.ru_maxrss) / 1024, stop ? 1.0 : 0.0,
-                        double(s.ops->peak_memory_bytes()) / (1024.0 * 1024.0)};
+                        double(s.ops->peak_memory_bytes()) / (1024.0 * 1024.0), device_syncs};
   s.comms.all->all_reduce(sums, 7, comm::ReduceOp::Sum);
-  s.comms.all->all_reduce(extremes, 6, comm::ReduceOp::Max);
+  s.comms.all->all_reduce(extremes, 7, comm::ReduceOp::Max);
   const double n = s.grid.world_size(), per_action = n * s.cfg.parallel.micro_batches;
   const StageCosts costs{sums[4] / per_action, sums[5] / per_action, sums[6] / per_action, 0};
   return {sums[0] / n, -extremes[1], extremes[0], sums[1] / n, sums[2] / n, sums[3] / n, costs,
-          int(extremes[2]), extremes[3], extremes[5], extremes[4] > 0};
+          int(extremes[2]), extremes[3], extremes[5], int(extremes[6]), extremes[4] > 0};
 }
 
 // The ranks' steps simulated with this step's measured F, B and W times and free
@@ -112,12 +114,13 @@ class RankTrainer {
   // What one optimizer step produced, the same on every rank.
   struct StepOutcome {
     double loss = 0, grad_norm = 0, lr = 0, seconds = 0;
+    std::int64_t device_syncs = 0;  // this rank's host waits on the device in the step
     StepReport report;
   };
   void resume_or_init();
   void log_start() const;
   StepOutcome train_step(int64_t step);
-  void apply_update(int64_t step, double loss, double norm, double lr);
+  void check_finite(int64_t step, double loss, double norm);
   std::optional<double> maybe_validate(int64_t n);
   void report(int64_t n, const StepOutcome& o, const std::optional<double>& val_loss);
   void maybe_checkpoint(int64_t n, const StepOutcome& o);
@@ -246,10 +249,14 @@ void RankTrainer::log_start() const {
                                 : std::string());
 }
 
-// The schedule over the step's micro-batches, the gradient reduction and the update.
+// The schedule over the step's micro-batches, the gradient reduction and the update, all
+// queued on the backend; then the step's one wait on the device, for its loss, gradient
+// norm and timings.
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto& par = cfg_.parallel;
   const int M = par.micro_batches, B = s_.model.batch(), T = cfg_.model.seq_len;
+  ops::Ops& ops = *s_.ops;
+  const std::int64_t waits_before = ops.host_waits() ? ops.host_waits()->count() : 0;
   const auto t0 = Clock::now();
   s_.model.zero_grads();
   // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
@@ -263,7 +270,20 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     }
   };
   sync_.start_step();
-  auto chunk_done = [&](int c) { sync_.chunk_done(c); };
+  s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(),
+                         [&](int c) { sync_.chunk_done(c); });
+  const std::size_t comm_begin = ops.mark();
+  sync_.finish(cfg_.train.grad_clip);
+  const std::size_t comm_end = ops.mark();
+  StepOutcome o;
+  o.lr = learning_rate(cfg_.train, step);
+  sync_.update(opt_, float(o.lr), step + 1);
+  const std::size_t update_end = ops.mark();
+  comm::World& world = s_.comms.world_for_model();
+  ops.wait_queue([&] { world.check_progress(); });
+  const std::vector<double> marks = ops.take_marks();
+  const auto t1 = Clock::now();
+
   PipelineExecutor::ActionFn on_action;
   const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
   if (traced)
@@ -272,21 +292,18 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
                       (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
                   step + 1, b, e);
     };
-  const PipelineStats st =
-      s_.executor.train_step(fill, 1.0f / float(M * par.dp), on_action, chunk_done);
-
-  StepOutcome o;
-  const auto c0 = Clock::now();
-  o.grad_norm = sync_.finish();
-  o.loss = share(s_, st.loss_sum / (M * par.dp), s_.head_stage() && s_.coord.tp == 0);
-  const double comm_s = seconds(Clock::now() - c0);
-  o.lr = learning_rate(cfg_.train, step);
-  const auto u0 = Clock::now();
-  apply_update(step, o.loss, o.grad_norm, o.lr);
-  const auto t1 = Clock::now();
-  if (traced) trace_->add("optimizer", step + 1, u0, t1);
-
-  o.report = aggregate(s_, st, comm_s, signals_.requested());
+  const PipelineStats st = s_.executor.step_stats(marks, on_action);
+  if (traced) {
+    const auto update_span = std::chrono::duration<double>(marks[update_end] - marks[comm_end]);
+    trace_->add("optimizer", step + 1, t1 - std::chrono::duration_cast<Clock::duration>(update_span),
+                t1);
+  }
+  o.loss = sync_.loss_sum() / (M * par.dp);
+  o.grad_norm = sync_.grad_norm();
+  check_finite(step, o.loss, o.grad_norm);
+  o.device_syncs = ops.host_waits() ? ops.host_waits()->count() - waits_before : 0;
+  o.report = aggregate(s_, st, marks[comm_end] - marks[comm_begin], double(o.device_syncs),
+                       signals_.requested());
   o.seconds = seconds(t1 - t0);
   s_.comms.all->all_reduce(&o.seconds, 1, comm::ReduceOp::Max);
   train_seconds_ += o.seconds;
@@ -295,18 +312,18 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   return o;
 }
 
-// AdamW on this rank's range, or (train.on_nonfinite) a skipped or fatal step. The loss
-// and norm are the same on every rank, so every rank decides alike.
-void RankTrainer::apply_update(int64_t step, double loss, double norm, double lr) {
+// train.on_nonfinite: the backend skipped the update of a step whose loss or norm is not
+// finite (the same values on every rank, so every rank skipped it); stop, or go on while
+// fewer than max_nonfinite steps in a row were skipped.
+void RankTrainer::check_finite(int64_t step, double loss, double norm) {
   if (std::isfinite(loss) && std::isfinite(norm)) {
     nonfinite_in_a_row_ = 0;
-    sync_.update(opt_, float(lr), clip_scale(norm, cfg_.train.grad_clip), step + 1);
     return;
   }
   const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                            ", grad norm " + std::to_string(norm) + " is not finite";
   if (cfg_.train.on_nonfinite == OnNonfinite::Stop || ++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite)
-    throw std::runtime_error(what + "; stopping before the update");
+    throw std::runtime_error(what + "; stopped, the update was not applied");
   if (s_.logs()) spdlog::warn("{}; update skipped ({} in a row)", what, nonfinite_in_a_row_);
 }
 
@@ -351,7 +368,8 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
                         {"comm_s", rep.comm_s},
                         {"peak_activations", rep.peak_activations},
                         {"peak_rss_mib", rep.peak_rss_mib},
-                        {"peak_memory_mib", rep.peak_memory_mib}};
+                        {"peak_memory_mib", rep.peak_memory_mib},
+                        {"device_syncs", rep.device_syncs}};
   if (val_loss) rec["val_loss"] = *val_loss;
   if (peak_tflops_ > 0) rec["mfu"] = util;
   if (s_.ops->device_memory()) rec["peak_device_mib"] = rep.peak_memory_mib;  // its old name

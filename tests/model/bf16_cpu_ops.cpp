@@ -124,7 +124,7 @@ class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Ar
   void update_control(float* control, const double* stats, double clip) override {
     cpu_.update_control(control, stats, clip);
   }
-  void mark() override { cpu_.mark(); }
+  std::size_t mark() override { return cpu_.mark(); }
   std::vector<double> take_marks() override { return cpu_.take_marks(); }
   void adamw(float* p, Act* weights, const float* g, float* m, float* v, std::size_t n,
              const ops::AdamWStep& h) override {

@@ -1,4 +1,5 @@
-// Tests for AdamW, the learning-rate schedules and gradient-norm clipping, against
+// Tests for AdamW, the learning-rate schedules and the update control (clipping and
+// skipped steps), against
 // values computed by hand or by a plain double-precision reference in the test.
 #include <gtest/gtest.h>
 
@@ -263,12 +264,50 @@ TEST(GradNorm, MatchesPlainSumOnOddSizes) {
   EXPECT_NEAR(grad_norm(cpu(), layout, grads.data()), std::sqrt(sum), 1e-15);
 }
 
-TEST(ClipScale, Cases) {
-  EXPECT_EQ(clip_scale(5.0, 0.0), 1.0f);   // clipping disabled
-  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0f);   // below the limit
-  EXPECT_EQ(clip_scale(1.0, 1.0), 1.0f);   // exactly at the limit
-  EXPECT_FLOAT_EQ(clip_scale(2.0, 1.0), float(1.0 / (2.0 + 1e-6)));
-  EXPECT_FLOAT_EQ(clip_scale(40.0, 0.5), float(0.5 / (40.0 + 1e-6)));
+// The update's control (ops::Ops::update_control) from {loss, squared norm}: the
+// clipping factor and whether the step updates at all.
+std::pair<float, float> control(double loss, double norm, double clip) {
+  const double stats[2] = {loss, norm * norm};
+  float c[2] = {-1, -1};
+  cpu().update_control(c, stats, clip);
+  return {c[0], c[1]};
+}
+
+TEST(UpdateControl, ClipsAboveTheLimit) {
+  EXPECT_EQ(control(1, 5.0, 0.0).first, 1.0f);  // clipping disabled
+  EXPECT_EQ(control(1, 0.5, 1.0).first, 1.0f);  // below the limit
+  EXPECT_EQ(control(1, 1.0, 1.0).first, 1.0f);  // exactly at the limit
+  EXPECT_EQ(control(1, 2.0, 1.0).first, float(1.0 / (2.0 + 1e-6)));
+  EXPECT_EQ(control(1, 40.0, 0.5).first, float(0.5 / (40.0 + 1e-6)));
+  EXPECT_EQ(control(1, 40.0, 0.5).second, 1.0f);
+}
+
+TEST(UpdateControl, SkipsANonFiniteStep) {
+  EXPECT_EQ(control(NAN, 1.0, 1.0).second, 0.0f);
+  EXPECT_EQ(control(INFINITY, 1.0, 1.0).second, 0.0f);
+  EXPECT_EQ(control(1.0, NAN, 1.0).second, 0.0f);
+  EXPECT_EQ(control(1.0, INFINITY, 0.0).second, 0.0f);
+}
+
+TEST(UpdateControl, ASkippedUpdateChangesNothing) {
+  const std::size_t n = 5;
+  std::vector<float> p(n, 1.0f), g(n, 0.5f), m(n, 0.25f), v(n, 0.125f);
+  const std::vector<float> p0 = p, m0 = m, v0 = v;
+  const float skip[2] = {1.0f, 0.0f};
+  ops::AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 10.0f, 20.0f, 1.0f, skip};
+  cpu().adamw(p.data(), nullptr, g.data(), m.data(), v.data(), n, h);
+  EXPECT_EQ(p, p0);
+  EXPECT_EQ(m, m0);
+  EXPECT_EQ(v, v0);
+  const float half[2] = {0.5f, 1.0f};  // control[0] replaces grad_scale
+  h.control = half;
+  std::vector<float> p2 = p0, m2 = m0, v2 = v0, g2(n, 0.25f);
+  cpu().adamw(p.data(), nullptr, g.data(), m.data(), v.data(), n, h);
+  h.control = nullptr;
+  cpu().adamw(p2.data(), nullptr, g2.data(), m2.data(), v2.data(), n, h);
+  EXPECT_EQ(p, p2);
+  EXPECT_EQ(m, m2);
+  EXPECT_EQ(v, v2);
 }
 
 }  // namespace

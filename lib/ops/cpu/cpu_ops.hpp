@@ -200,7 +200,10 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
              const AdamWStep& h) override;
   // Host clock times: every op has finished when it returns.
-  void mark() override { marks_.push_back(std::chrono::steady_clock::now()); }
+  std::size_t mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return marks_.size() - 1;
+  }
   std::vector<double> take_marks() override;
   // The attention kernel is chosen by blocked_attention; its state is not an Act array.
   std::size_t attention_state_bytes(int B, int T, int NH) const override;

@@ -120,11 +120,12 @@ void CudaOps::download_async(void* host_dst, const void* src, std::size_t bytes)
   PPTRAIN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
 }
 
-void CudaOps::mark() {
+std::size_t CudaOps::mark() {
   if (free_marks_.empty()) free_marks_.emplace_back(true);
   marks_.push_back(std::move(free_marks_.back()));
   free_marks_.pop_back();
   PPTRAIN_CUDA_CHECK(cudaEventRecord(marks_.back().get(), stream()));
+  return marks_.size() - 1;
 }
 
 void CudaOps::wait_queue(const std::function<void()>& poll) {

@@ -68,7 +68,7 @@ class CudaOps final : public Ops {
   void* allocate_host(std::size_t bytes) override;
   void free_host(void* p) noexcept override;
   void download_async(void* host_dst, const void* src, std::size_t bytes) override;
-  void mark() override;
+  std::size_t mark() override;
   void wait_queue(const std::function<void()>& poll) override;
   std::vector<double> take_marks() override;
   const HostWaitCounter* host_waits() const override { return &waits_; }
