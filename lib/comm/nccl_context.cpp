@@ -149,7 +149,8 @@ void NcclContext::check_progress() {
       continue;
     }
     check_age(w.queued, w.info);
-    watched_[kept++] = std::move(w);
+    if (kept != i) watched_[kept] = std::move(w);
+    ++kept;
   }
   watched_.resize(kept);
 }

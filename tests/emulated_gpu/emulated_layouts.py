@@ -6,7 +6,8 @@ emulated runtime, cuBLASLt and NCCL, one process per rank under mpirun) in each 
 in fp32 and bf16, and compares every step's loss and gradient norm with the single-rank
 CPU run of the same global batch (pptrain, fp32): fp32 within 1e-5 relative, bf16
 within 2e-2. Each layout runs with another stream seed, so the emulated streams
-interleave differently from run to run. Then:
+interleave differently from run to run, and every step of every layout must wait on
+the device exactly once (device_syncs: at its end, for its loss and norm). Then:
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
@@ -16,6 +17,7 @@ Usage: emulated_layouts.py PPTRAIN PPTRAIN_EMULATED CONFIG WORKDIR [NAME ...]
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,6 +85,11 @@ def worst(rows, ref):
                for r, b in zip(rows, ref))
 
 
+def one_wait(rows):
+    """Every step waited on the device once: the host ran ahead of the device."""
+    return all(r.get("device_syncs") == 1 for r in rows)
+
+
 def check_layouts(names, work, failures):
     reference = {}
     for index, name in enumerate(names):
@@ -96,9 +103,10 @@ def check_layouts(names, work, failures):
                              settings(tp, pp, dp, mb, extra) +
                              ["device=cuda", f"train.precision={precision}"], seed=index + 1)
             diff = worst(rows, ref)
-            ok = len(rows) == STEPS and diff <= bound
+            ok = len(rows) == STEPS and diff <= bound and one_wait(rows)
+            syncs = [r.get("device_syncs") for r in rows]
             print(f"{label:28} tp={tp} pp={pp} dp={dp}: worst {diff:.1e} (bound {bound:.0e}), "
-                  f"{took:.0f} s -> {'ok' if ok else 'FAIL'}", flush=True)
+                  f"device_syncs {syncs}, {took:.0f} s -> {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 failures.append(label)
     for label, (like, precision) in FUSED.items():
@@ -106,8 +114,9 @@ def check_layouts(names, work, failures):
         rows, _ = run(EMULATED, work, label, settings(tp, pp, dp, mb, extra) +
                       ["device=cuda", f"train.precision={precision}", "train.attention=fused"])
         diff = worst(rows, reference[dp * mb])
-        ok = len(rows) == STEPS and diff <= PRECISIONS[precision]
-        print(f"{label:28} fused attention: worst {diff:.1e} -> {'ok' if ok else 'FAIL'}", flush=True)
+        ok = len(rows) == STEPS and diff <= PRECISIONS[precision] and one_wait(rows)
+        print(f"{label:28} fused attention: worst {diff:.1e}, device_syncs "
+              f"{[r.get('device_syncs') for r in rows]} -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             failures.append(label)
 
@@ -163,7 +172,8 @@ def check_stalled_rank(work, failures):
         rc = job.wait(timeout_s + 60)
         took = time.time() - stopped_at
         text = job.output()
-        named = "did not complete within 5 s" in text and "on group" in text and "rank 0" in text
+        # "rank R: <operation> on group <name> did not complete within 5 s (peers: ...)"
+        named = re.search(r"rank \d+: \w+ on group \S+ did not complete within 5 s \(peers: \w", text)
         ok = rc == 3 and named
         line = next((l for l in text.splitlines() if "did not complete" in l), "(no watchdog line)")
         print(f"stalled rank 1: exit {rc} after {took:.1f} s; {line.strip()} -> "

@@ -129,7 +129,8 @@ class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Ar
   void adamw(float* p, Act* weights, const float* g, float* m, float* v, std::size_t n,
              const ops::AdamWStep& h) override {
     cpu_.adamw(p, nullptr, g, m, v, n, h);
-    if (weights) to_compute(weights, p, n);
+    const bool skipped = h.control && h.control[1] == 0.0f;
+    if (weights && !skipped) to_compute(weights, p, n);
   }
 
   // The CPU's unblocked attention; its state is the fp32 probabilities.

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/random.hpp"
@@ -205,6 +206,46 @@ std::vector<OpCase> make_cases() {
                    Act* w = weights ? r.act_out("weights", n, kAct) : nullptr;
                    r.ops.adamw(p, w, r.f32(randn(n, 2)), m, s, n, h);
                  }});
+  t.push_back({"adamw_controlled", [](OpRun& r) {
+                 const std::size_t n = 1001;
+                 const float control[2] = {0.25f, 1.0f};
+                 AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 2.0f, 3.0f, 0.5f};
+                 h.control = r.f32({control[0], control[1]});
+                 float* p = r.f32_inout("params", randn(n, 1), {1e-5, 1e-5});
+                 float* m = r.f32_inout("m", randn(n, 3, 0.1f), {1e-5, 1e-5});
+                 std::vector<float> v = randn(n, 4);
+                 for (float& x : v) x = x * x * 0.01f;
+                 float* s = r.f32_inout("v", v, {1e-5, 1e-5});
+                 r.ops.adamw(p, nullptr, r.f32(randn(n, 2)), m, s, n, h);
+               }});
+  t.push_back({"adamw_skipped", [](OpRun& r) {
+                 const std::size_t n = 77;
+                 AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 2.0f, 3.0f, 0.5f};
+                 h.control = r.f32({1.0f, 0.0f});
+                 float* p = r.f32_inout("params", randn(n, 1), {0, 0});
+                 float* m = r.f32_inout("m", randn(n, 3, 0.1f), {0, 0});
+                 r.ops.adamw(p, r.act_inout("weights", randn(n, 5), {0, 0}), r.f32(randn(n, 2)), m,
+                             r.f32_inout("v", randn(n, 4, 0.1f), {0, 0}), n, h);
+               }});
+  t.push_back({"sum_squares_to", [](OpRun& r) {
+                 const std::vector<float> a = randn(70001, 1), b = randn(3, 2);
+                 double* out = r.f64_inout("sum", {-1.0}, {1e-12, 1e-12});
+                 r.ops.sum_squares_to(out, {{r.f32(a), a.size()}, {r.f32(b), b.size()}});
+               }});
+  t.push_back({"add_mean", [](OpRun& r) {
+                 const std::vector<float> x = randn(4099, 1);
+                 double* total = r.f64_inout("total", {0.75}, {1e-7, 1e-7});
+                 r.ops.add_mean(total, r.f32(x), x.size());
+               }});
+  // Clipping off, clipping (norm sqrt(7) > 0.5), below the limit; a non-finite loss.
+  for (const auto& [name, clip] : {std::pair<const char*, double>{"off", 0.0}, {"clipped", 0.5},
+                                   {"below", 1e9}})
+    t.push_back({std::string("update_control_") + name, [clip = clip](OpRun& r) {
+                   r.ops.update_control(r.f32_out("control", 2, {0, 0}), r.f64({2.5, 7.0}), clip);
+                 }});
+  t.push_back({"update_control_nonfinite", [](OpRun& r) {
+                 r.ops.update_control(r.f32_out("control", 2, {0, 0}), r.f64({NAN, 7.0}), 1.0);
+               }});
   add_gemm_cases(t);
   t.push_back({"linear_weight_grad", [](OpRun& r) {
                  const int N = 74, Cin = 48, Cout = 101;

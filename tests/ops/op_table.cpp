@@ -2,6 +2,7 @@
 // parameterised test that compares a backend with the CPU reference.
 #include "op_table.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "all_close.hpp"
@@ -41,6 +42,9 @@ const float* OpRun::f32(const std::vector<float>& host) {
 const int32_t* OpRun::i32(const std::vector<int32_t>& host) {
   return upload(host.data(), host.size() * sizeof(int32_t)).i32();
 }
+const double* OpRun::f64(const std::vector<double>& host) {
+  return static_cast<const double*>(upload(host.data(), host.size() * sizeof(double)).get());
+}
 void* OpRun::scratch(std::size_t bytes) { return buffers_.emplace_back(ops, bytes).get(); }
 
 Act* OpRun::act_out(const std::string& name, std::size_t n, Tolerance tol) {
@@ -48,7 +52,7 @@ Act* OpRun::act_out(const std::string& name, std::size_t n, Tolerance tol) {
 }
 Act* OpRun::act_inout(const std::string& name, const std::vector<float>& host, Tolerance tol) {
   Act* p = const_cast<Act*>(act(host));
-  outputs_.push_back({name, &buffers_.back(), host.size(), true, tol});
+  outputs_.push_back({name, &buffers_.back(), host.size(), Output::Elem::Act, tol});
   return p;
 }
 float* OpRun::f32_out(const std::string& name, std::size_t n, Tolerance tol) {
@@ -56,17 +60,29 @@ float* OpRun::f32_out(const std::string& name, std::size_t n, Tolerance tol) {
 }
 float* OpRun::f32_inout(const std::string& name, const std::vector<float>& host, Tolerance tol) {
   Buffer& b = upload(host.data(), host.size() * sizeof(float));
-  outputs_.push_back({name, &b, host.size(), false, tol});
+  outputs_.push_back({name, &b, host.size(), Output::Elem::F32, tol});
   return b.f32();
+}
+double* OpRun::f64_inout(const std::string& name, const std::vector<double>& host, Tolerance tol) {
+  Buffer& b = upload(host.data(), host.size() * sizeof(double));
+  outputs_.push_back({name, &b, host.size(), Output::Elem::F64, tol});
+  return static_cast<double*>(b.get());
 }
 
 std::vector<OpRun::Result> OpRun::results() {
   std::vector<Result> out;
   for (const Output& o : outputs_) {
-    const Buffer staging(ops, o.n * sizeof(float));
-    if (o.act) ops.to_float(staging.f32(), o.buffer->act(), o.n);
     std::vector<float> values(o.n);
-    ops.download(values.data(), o.act ? staging.get() : o.buffer->get(), o.n * sizeof(float));
+    if (o.elem == Output::Elem::F64) {
+      std::vector<double> wide(o.n);
+      ops.download(wide.data(), o.buffer->get(), o.n * sizeof(double));
+      std::copy(wide.begin(), wide.end(), values.begin());
+    } else {
+      const bool act = o.elem == Output::Elem::Act;
+      const Buffer staging(ops, o.n * sizeof(float));
+      if (act) ops.to_float(staging.f32(), o.buffer->act(), o.n);
+      ops.download(values.data(), act ? staging.get() : o.buffer->get(), o.n * sizeof(float));
+    }
     out.push_back({o.name, std::move(values), inputs_ == DType::BF16 ? o.tol.bf16 : o.tol.fp32});
   }
   return out;

@@ -41,6 +41,7 @@ class OpRun {
   const Act* act(const std::vector<float>& host);
   const float* f32(const std::vector<float>& host);
   const int32_t* i32(const std::vector<int32_t>& host);
+  const double* f64(const std::vector<double>& host);
   void* scratch(std::size_t bytes);  // not compared
   // Outputs, compared after the case: written by the op (they start as NaN, so an
   // element left unwritten fails) or updated by it (they start as `host`).
@@ -48,13 +49,14 @@ class OpRun {
   Act* act_inout(const std::string& name, const std::vector<float>& host, Tolerance tol);
   float* f32_out(const std::string& name, std::size_t n, Tolerance tol);
   float* f32_inout(const std::string& name, const std::vector<float>& host, Tolerance tol);
+  double* f64_inout(const std::string& name, const std::vector<double>& host, Tolerance tol);
 
   struct Result {
     std::string name;
     std::vector<float> values;
     double tol;
   };
-  // Every output's values (fp32) and tolerance, in the order the case made them.
+  // Every output's values (as fp32) and tolerance, in the order the case made them.
   std::vector<Result> results();
 
  private:
@@ -63,7 +65,7 @@ class OpRun {
     std::string name;
     const Buffer* buffer;
     std::size_t n;
-    bool act;
+    enum class Elem { F32, Act, F64 } elem;
     Tolerance tol;
   };
   DType inputs_;
