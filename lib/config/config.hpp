@@ -54,6 +54,8 @@ struct ParallelConfig {
   std::vector<double> schedule_costs = {1, 1, 1};
   MessageModeChoice message_mode = MessageModeChoice::Auto;
   double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
+  // Gradient reductions start during the backward pass (false: all after it; same sums).
+  bool overlap = true;
 };
 
 struct TrainConfig {

@@ -254,7 +254,8 @@ void PipelineExecutor::communicate(const Step& step) {
 }
 
 void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double* loss_total,
-                                  const std::function<void(int)>& chunk_done) {
+                                  const std::function<void(int)>& chunk_done,
+                                  const std::function<void()>& progress) {
   ops::Ops& ops = model_.backend();
   const auto& chunks = model_.partition().chunks;
   ChunkCompletion completion(chunks, m_, chunk_done);
@@ -286,6 +287,7 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
       completion.weight_done(a.chunk);
     }
     ops.mark();  // the step's end: no wait, the marks are read after the step
+    if (progress) progress();
     peak_activations_ = std::max(peak_activations_, int(live_.size() + draining_.size()));
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");

@@ -76,8 +76,11 @@ class PipelineExecutor {
   // gradient is accumulated when it returns; chunk_done(c) is called as soon as chunk
   // c's gradients are final: its last weight-gradient pass is queued (and, for the
   // chunk holding the token embedding, that of a local head chunk sharing it).
+  // progress(), if set, runs after every step of the schedule (host communication
+  // started earlier progresses there).
   void train_step(const BatchFn& batch, float loss_scale, double* loss_total,
-                  const std::function<void(int)>& chunk_done = {});
+                  const std::function<void(int)>& chunk_done = {},
+                  const std::function<void()>& progress = {});
   // The last train_step's times, from `marks` (the backend's take_marks(), read after
   // its wait_queue()); on_action, if set, gets each action's span, placed on the host
   // clock from the step's start.

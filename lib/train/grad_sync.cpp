@@ -63,14 +63,25 @@ void GradSync::start_step() {
 double GradSync::grad_norm() const { return std::sqrt(host_stats_.get()[1]); }
 
 void GradSync::chunk_done(int chunk) {
+  if (s_.cfg.parallel.overlap) start_reduction(chunk);
+}
+
+void GradSync::start_reduction(int chunk) {
   if (zero_ || s_.grid.dp() == 1) return;
   const auto [b, e] = chunk_ranges_[size_t(chunk)];
   buckets_.push_back(s_.comms.dp_for_model()->all_reduce_start(s_.model.grads() + b, e - b));
 }
 
+void GradSync::progress() {
+  for (auto& b : buckets_) b->test();
+}
+
 void GradSync::finish(double grad_clip) {
   ops::Ops& ops = *s_.ops;
   float* grads = s_.model.grads();
+  // Without overlap the reductions start now, one per chunk as with it: the same sums.
+  if (!s_.cfg.parallel.overlap)
+    for (int c = 0; c < int(chunk_ranges_.size()); ++c) start_reduction(c);
   // Before touching the embedding gradient below; the host goes on.
   for (auto& b : buckets_) b->wait_in_queue();
   buckets_.clear();

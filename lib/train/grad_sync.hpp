@@ -1,6 +1,7 @@
 // Gradient reduction across ranks and the data-parallel optimizer shards. Without ZeRO
-// each chunk's gradients are all-reduced over the dp group as soon as the chunk's last
-// weight-gradient pass is done (overlapping the rest of the schedule); with
+// each chunk's gradients are all-reduced over the dp group, with parallel.overlap as
+// soon as the chunk's last weight-gradient pass is queued (overlapping the rest of the
+// schedule: on GPUs on the NCCL side stream, on MPI progressed by progress()); with
 // parallel.zero: 1 the gradients are reduce-scattered instead, each dp rank updates its
 // shard of the arena, and the parameters are all-gathered back. The tied embedding's
 // two copies (first and last pipeline stage) have their gradients summed, and so, under
@@ -29,7 +30,10 @@ class GradSync {
   void start_step();
   // Where the executor adds the step's micro-batch losses (backend memory, fp64).
   double* loss_total() { return stats_.get() ? static_cast<double*>(stats_.get()) : nullptr; }
-  void chunk_done(int chunk);  // the chunk's gradients are final
+  // The chunk's gradients are final: with parallel.overlap its all-reduce starts now.
+  void chunk_done(int chunk);
+  // Lets the started reductions progress (MPI tests them; a device needs nothing).
+  void progress();
   // Queues the rest of every reduction, the global loss and squared gradient norm (summed
   // over the tp, pp and dp groups for the model's arrays) and the update's control
   // (ops::Ops::update_control with `grad_clip`), then the copy of those to the host.
@@ -49,6 +53,7 @@ class GradSync {
   void load_moments(const float* m, const float* v, AdamW& opt);
 
  private:
+  void start_reduction(int chunk);  // the chunk's all-reduce over dp (none under ZeRO)
   // full (backend memory, total_ floats) = every dp rank's shard.
   void all_gather_range(const float* shard, float* full);
   // Sequence parallelism: sums the LayerNorm gradients over tp, packed in one message.

@@ -271,7 +271,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   };
   sync_.start_step();
   s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(),
-                         [&](int c) { sync_.chunk_done(c); });
+                         [&](int c) { sync_.chunk_done(c); }, [&] { sync_.progress(); });
   const std::size_t comm_begin = ops.mark();
   sync_.finish(cfg_.train.grad_clip);
   const std::size_t comm_end = ops.mark();

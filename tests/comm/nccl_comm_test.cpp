@@ -126,9 +126,12 @@ TEST_F(NcclOneRank, ReduceScatterAndAllGatherBf16KeepBits) {
   EXPECT_EQ(gathered.read(stream_), bits);
 }
 
-TEST_F(NcclOneRank, HostDoublesAreRefused) {
-  double d = 1;
-  EXPECT_THROW(dev().dp->all_reduce(&d, 1, ReduceOp::Sum), std::logic_error);
+TEST_F(NcclOneRank, AllReduceDoublesInDeviceMemory) {
+  const std::vector<double> values{1.5, -2.25, 1e300};
+  DeviceArray<double> d(values);
+  dev().dp->all_reduce(d.get(), values.size(), ReduceOp::Sum);
+  dev().pp->all_reduce(d.get(), values.size(), ReduceOp::Max);
+  EXPECT_EQ(d.read(stream_), values);
 }
 
 TEST_F(NcclOneRank, ReduceScatterAndAllGatherCopyOnOneRank) {

@@ -8,6 +8,7 @@ CPU run of the same global batch (pptrain, fp32): fp32 within 1e-5 relative, bf1
 within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
 the device exactly once (device_syncs: at its end, for its loss and norm). Then:
+- overlap: dp2 and (2,2,2) with parallel.overlap: false give the same bits as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
@@ -121,6 +122,21 @@ def check_layouts(names, work, failures):
             failures.append(label)
 
 
+def check_overlap(work, failures):
+    """parallel.overlap: false reduces after the backward pass: the same bits."""
+    for name in ("dp2", "tp2_pp2_dp2"):
+        tp, pp, dp, mb, extra = LAYOUTS[name]
+        sets = settings(tp, pp, dp, mb, extra) + ["device=cuda", "train.precision=fp32"]
+        on, _ = run(EMULATED, work, name + "_overlap_on", sets, seed=11)
+        off, _ = run(EMULATED, work, name + "_overlap_off", sets + ["parallel.overlap=false"], seed=12)
+        same = [(r["loss"], r["grad_norm"]) for r in on] == [(r["loss"], r["grad_norm"]) for r in off]
+        ok = same and len(on) == STEPS and one_wait(off)
+        print(f"{name + '_overlap_off':28} against overlap on: "
+              f"{'bit-identical' if same else 'DIFFER'} -> {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            failures.append(name + "_overlap_off")
+
+
 def check_checkpoints(work, failures):
     """Saved at step 2 of 4 at (2,2,2) on the CUDA path: resumed there bit for bit, and
     on the CPU backend at (1,2,1)."""
@@ -198,11 +214,12 @@ def main():
     os.makedirs(work)
     failures = []
     check_layouts(names, work, failures)
+    check_overlap(work, failures)
     check_checkpoints(work, failures)
     check_stalled_rank(work, failures)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + 3} passed, 0 failed")
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + 5} passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's me
 mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
 so that no message is buffered: a schedule that could deadlock does.
 Activation recomputation (selective and full, on all or some layers) runs in several of
-these layouts and must give that layout's losses bit for bit. Sequence parallelism runs in
+these layouts and must give that layout's losses bit for bit, as must parallel.overlap:
+false (gradient reductions after the backward pass). Sequence parallelism runs in
 every tensor-parallel layout and schedule, with and without recomputation, and must give
 that layout's losses and gradient norms within 1e-6 relative at every step (only sums are
 reordered); its checkpoints resume without it and the other way round.
@@ -67,6 +68,9 @@ RECOMPUTE_CASES = {
     "pp4_zb_v_grouped_selective": ("pp4_zb_v_grouped", ["train.recompute=selective"]),
     "tp2_pp2_dp2_full": ("tp2_pp2_dp2", ["train.recompute=full"]),
     "tp2_pp2_dp2_zero1_selective": ("tp2_pp2_dp2_zero1", ["train.recompute=selective"]),
+    # Gradient reductions after the backward instead of during it: the same sums.
+    "dp2_no_overlap": ("dp2", ["parallel.overlap=false"]),
+    "tp2_pp2_dp2_no_overlap": ("tp2_pp2_dp2", ["parallel.overlap=false"]),
 }
 # Sequence parallelism: (the layout it must equal within 1e-6, overrides).
 SP = ["parallel.sequence_parallel=true"]
