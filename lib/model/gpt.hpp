@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -80,6 +81,13 @@ class GptModel {
   // Bytes of one stage-boundary array: the [batch * seq_len, d_model] rows this rank holds
   // (N / tp of them under sequence parallelism), what is sent between stages.
   std::size_t boundary_bytes() const;
+  // The part of a boundary array this rank sends or receives between stages, as a byte
+  // offset and length. Without sequence parallelism every tp rank holds the whole array,
+  // so each sends only its 1/tp share and the receiver all-gathers it over tp
+  // (complete_message), as Megatron's scatter/gather; else the whole array.
+  std::pair<std::size_t, std::size_t> message_part() const;
+  // After a receive of message_part() into `boundary`: the whole array.
+  void complete_message(ops::Act* boundary);
 
   // Forward of one chunk on a micro-batch [batch, seq_len]. A first chunk reads `tokens`
   // (host memory); any other reads `input`, boundary_bytes() (backend memory: the
@@ -135,6 +143,7 @@ class GptModel {
   void init_activation_layouts();
   void lend(Activations& a, Lifetime part);
   void give_back(Activations& a, Lifetime part);
+  bool scatters_messages() const;  // message_part() is a 1/tp share
   void layer_forward(int layer, const LayerView& v);
   void layer_backward_input(int layer, const LayerView& v);
   void layer_backward_weight(int layer, const LayerView& v);

@@ -139,6 +139,21 @@ std::size_t GptModel::boundary_bytes() const {
   return activation_layout(0).at(0, Slot::output).bytes;
 }
 
+// Split by elements: C, and so every boundary array, is a multiple of tp.
+bool GptModel::scatters_messages() const { return part_.tp_size > 1 && !tp_.sequence_parallel(); }
+
+std::pair<std::size_t, std::size_t> GptModel::message_part() const {
+  if (!scatters_messages()) return {0, boundary_bytes()};
+  const std::size_t share = boundary_bytes() / std::size_t(part_.tp_size);
+  return {share * std::size_t(part_.tp_rank), share};
+}
+
+void GptModel::complete_message(ops::Act* boundary) {
+  if (!scatters_messages()) return;
+  const std::size_t count = boundary_bytes() / dtype_size(dt_) / std::size_t(part_.tp_size);
+  tp_.all_gather_in_place(boundary, count);
+}
+
 ops::Act* GptModel::input_buffer(Activations& a) const {
   return static_cast<ops::Act*>(slot(a, 0, Slot::x));
 }

@@ -36,6 +36,12 @@ void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width)
   tp_->reduce_scatter(partial, held, std::size_t(rows_held_) * std::size_t(width), dtype_);
 }
 
+void TensorParallelRegions::all_gather_in_place(ops::Act* data, std::size_t count) const {
+  if (tp_size_ == 1) return;
+  const ops::Act* mine = ops::advance(data, std::size_t(tp_->rank()) * count, dtype_);
+  tp_->all_gather(mine, data, count, dtype_);
+}
+
 void TensorParallelRegions::reduce_stats(float* data, std::size_t n, comm::ReduceOp op) const {
   if (tp_size_ > 1) tp_->all_reduce(data, n, op);
 }

@@ -9,7 +9,8 @@
 //   reduce: partial sums [N, width] (out of a row-parallel linear, the vocab-parallel
 //           embedding, or a column-parallel linear's input gradient) into the rows this
 //           rank holds, summed over tp: an all-reduce in place, or a reduce-scatter.
-// The vocab-parallel cross-entropy's fp32 row statistics are the one other collective.
+// The vocab-parallel cross-entropy's fp32 row statistics, and the all-gather that
+// completes a pipeline message scattered over tp, are the other collectives.
 // Rows are the flattened [batch * seq_len] token rows; under sequence parallelism rank r
 // of the tp group holds the r-th contiguous block of N / tp of them.
 #pragma once
@@ -44,6 +45,8 @@ class TensorParallelRegions {
   ops::Act* partial_target(ops::Act* held, ops::Act* scratch) const { return sp_ ? scratch : held; }
   // `held` = this rank's rows of the tp sum of `partial` (partial_target(held, ...)).
   void reduce(ops::Act* partial, ops::Act* held, int width) const;
+  // `data` holds tp blocks of `count` elements; this rank's block is filled: fill all.
+  void all_gather_in_place(ops::Act* data, std::size_t count) const;
   // Sum or max of fp32 statistics over the tp group (every rank holds all n).
   void reduce_stats(float* data, std::size_t n, comm::ReduceOp op) const;
 

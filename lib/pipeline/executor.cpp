@@ -111,10 +111,9 @@ PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vec
       pool_(size_t(virtual_stages)),
       tokens_(size_t(model.batch()) * model.config().seq_len),
       targets_(tokens_.size()) {
-  auto all = build_all_steps(kind, pp_, micro_batches, virtual_stages, mode, planned);
+  all_steps_ = build_all_steps(kind, pp_, micro_batches, virtual_stages, mode, planned);
   if (mode == MessageMode::AsyncSends)
-    reusable_ = sends_waitable_from(all, placement_)[size_t(stage)];
-  steps_ = std::move(all[size_t(stage)]);
+    reusable_ = sends_waitable_from(all_steps_, placement_)[size_t(stage)];
 }
 
 GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
@@ -164,23 +163,37 @@ void PipelineExecutor::sent(const Action& a) {
 comm::Transfer PipelineExecutor::transfer(const Action& a) {
   const ChunkLocation peer = message_peer(placement_, stage_, a);
   const int rank = pp_ranks_[size_t(peer.stage)];
-  GptModel::Activations& acts = acquire({a.microbatch, a.chunk});
-  const std::size_t bytes = model_.boundary_bytes();
+  const auto [offset, bytes] = model_.message_part();
+  auto part = [offset = offset](ops::Act* boundary) {
+    return static_cast<std::byte*>(static_cast<void*>(boundary)) + offset;
+  };
   switch (a.op) {
     case Op::RecvForward:
-      return {comm::Transfer::Recv, rank, model_.input_buffer(acts), bytes,
+      return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
               tag(a.microbatch, a.chunk, false)};
     case Op::RecvBackward:
-      return {comm::Transfer::Recv, rank, model_.output_grad(acts), bytes,
+      return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
               tag(a.microbatch, a.chunk, true)};
     case Op::SendForward:
-      return {comm::Transfer::Send, rank, model_.output(acts), bytes,
+      return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
               tag(a.microbatch, peer.chunk, false)};
     case Op::SendBackward:
-      return {comm::Transfer::Send, rank, model_.input_grad(acts), bytes,
+      return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
               tag(a.microbatch, peer.chunk, true)};
     default:
       throw std::logic_error("transfer: not a send or receive");
+  }
+}
+
+// The boundary array a send or receive action moves.
+ops::Act* PipelineExecutor::boundary(const Action& a) {
+  GptModel::Activations& acts = acquire({a.microbatch, a.chunk});
+  switch (a.op) {
+    case Op::RecvForward: return model_.input_buffer(acts);
+    case Op::RecvBackward: return model_.output_grad(acts);
+    case Op::SendForward: return model_.output(acts);
+    case Op::SendBackward: return model_.input_grad(acts);
+    default: throw std::logic_error("boundary: not a send or receive");
   }
 }
 
@@ -242,6 +255,8 @@ void PipelineExecutor::communicate(const Step& step) {
     std::vector<comm::Transfer> transfers;
     for (const Action& m : step.actions) transfers.push_back(transfer(m));
     world_.exchange(transfers);
+    for (const Action& m : step.actions)
+      if (m.op == Op::RecvForward || m.op == Op::RecvBackward) model_.complete_message(boundary(m));
   } else {
     for (const Action& m : step.actions) {
       const Key key{m.microbatch, m.chunk};
@@ -262,8 +277,8 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
   peak_activations_ = 0;
   started_ = Clock::now();
   first_mark_ = ops.mark();
-  for (step_ = 0; step_ < steps_.size(); ++step_) {
-    const Step& step = steps_[step_];
+  for (step_ = 0; step_ < steps().size(); ++step_) {
+    const Step& step = steps()[step_];
     const Action& a = step.actions[0];
     const Key key{a.microbatch, a.chunk};
     const ChunkSpec& spec = chunks[size_t(a.chunk)];
@@ -297,15 +312,15 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
 
 PipelineStats PipelineExecutor::step_stats(const std::vector<double>& marks,
                                            const ActionFn& on_action) const {
-  PPTRAIN_CHECK(marks.size() >= first_mark_ + steps_.size() + 2, "step_stats: marks missing");
+  PPTRAIN_CHECK(marks.size() >= first_mark_ + steps().size() + 2, "step_stats: marks missing");
   const double* at = marks.data() + first_mark_;
   PipelineStats stats;
   stats.peak_activations = peak_activations_;
   auto host_time = [&](double s) {
     return started_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s - at[0]));
   };
-  for (std::size_t i = 0; i < steps_.size(); ++i) {
-    const Step& step = steps_[i];
+  for (std::size_t i = 0; i < steps().size(); ++i) {
+    const Step& step = steps()[i];
     const Op op = step.actions[0].op;
     const bool compute = step.kind == Step::Compute;
     const double s = at[i + 1] - at[i];
@@ -316,8 +331,8 @@ PipelineStats PipelineExecutor::step_stats(const std::vector<double>& marks,
     if (on_action)
       for (const Action& m : step.actions) on_action(m, host_time(at[i]), host_time(at[i + 1]));
   }
-  stats.wait_s += at[steps_.size() + 1] - at[steps_.size()];  // the final drain
-  stats.elapsed_s = at[steps_.size() + 1] - at[0];
+  stats.wait_s += at[steps().size() + 1] - at[steps().size()];  // the final drain
+  stats.elapsed_s = at[steps().size() + 1] - at[0];
   return stats;
 }
 
@@ -333,6 +348,7 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       const Action receive{Op::RecvForward, mb, c}, send{Op::SendForward, mb, c};
       if (!spec.first && placement_.previous(stage_, c).stage != stage_) {
         world_.exchange({transfer(receive)});
+        model_.complete_message(boundary(receive));
         // The forward reads its losses back; wait here, under the watchdog, for the input.
         model_.backend().wait_queue([&] { world_.check_progress(); });
       }

@@ -85,6 +85,8 @@ class PipelineExecutor {
   // its wait_queue()); on_action, if set, gets each action's span, placed on the host
   // clock from the step's start.
   PipelineStats step_stats(const std::vector<double>& marks, const ActionFn& on_action = {}) const;
+  // The schedule's steps of every rank of the pipeline, by stage (this rank runs its own).
+  const std::vector<std::vector<Step>>& all_steps() const { return all_steps_; }
   // Forward only through `count` micro-batches; returns the sum of their mean losses
   // on the last stage (0 elsewhere). `losses_out`, if set, receives per-position losses
   // of each micro-batch on the last stage (count * batch * seq_len).
@@ -99,7 +101,8 @@ class PipelineExecutor {
   void reuse_drained(int chunk);
   void drain();         // waits for every send still leaving
   int tag(int microbatch, int chunk, bool backward) const;
-  comm::Transfer transfer(const Action& a);
+  comm::Transfer transfer(const Action& a);  // the message_part() of boundary(a)
+  ops::Act* boundary(const Action& a);
   void communicate(const Step& step);
   void local_copy(const Action& a);
   void sent(const Action& a);  // after a SendBackward: release the set if W has run
@@ -108,7 +111,8 @@ class PipelineExecutor {
   comm::World& world_;
   std::vector<int> pp_ranks_;
   Placement placement_;
-  std::vector<Step> steps_;
+  std::vector<std::vector<Step>> all_steps_;  // every rank's, by stage
+  const std::vector<Step>& steps() const { return all_steps_[size_t(stage_)]; }
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold

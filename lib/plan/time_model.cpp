@@ -255,8 +255,11 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster,
   const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
   const Placement placement = placement_of(cfg);
   const std::vector<StageCosts> costs = virtual_stage_costs(cfg, s);
-  const double message = s.rows * s.C * s.e;
-  const double p2p = message / (pp_link.gbps * 1e9) + pp_link.latency_us * 1e-6;
+  // Each tp rank sends 1/t of a boundary array (its rows under SP; else its share,
+  // all-gathered over tp after the receive: GptModel::message_part).
+  const double message = s.N * s.C * s.e / s.t;
+  const double gather = s.t > 1 && !s.sp ? gather_seconds(s.tp_link, s.N * s.C * s.e, int(s.t)) : 0;
+  const double p2p = message / (pp_link.gbps * 1e9) + pp_link.latency_us * 1e-6 + gather;
   const MessageMode mode = message_mode(cfg, !cluster.device.cpu);
   const SimulationResult sim = simulate_steps_timed(steps, placement, p.micro_batches, mode, costs, p2p);
 

@@ -137,7 +137,7 @@ class RankTrainer {
   // The pipeline: the schedule's steps of every rank (the executor runs its own part),
   // simulated at each step's measured times, and its bubble at the planned ones.
   const MessageMode mode_;
-  const std::vector<std::vector<Step>> pipeline_steps_;
+  const std::vector<std::vector<Step>>& pipeline_steps_;  // the executor's
   const double bubble_theory_;
   const double peak_tflops_;  // MFU's denominator: only for GPUs (or a configured peak)
   MetricsWriter metrics_;
@@ -158,9 +158,7 @@ RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
       sync_(s),
       opt_(*s.ops, s.model.layout(), cfg_.train, sync_.begin(), sync_.end()),
       mode_(message_mode(cfg_, s.ops->device_memory())),
-      pipeline_steps_(build_all_steps(cfg_.parallel.schedule, cfg_.parallel.pp,
-                                      cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
-                                      mode_, planned_costs(cfg_))),
+      pipeline_steps_(s.executor.all_steps()),
       bubble_theory_(theoretical_bubble(cfg_.parallel.schedule, cfg_.parallel.pp,
                                         cfg_.parallel.micro_batches, cfg_.parallel.virtual_stages,
                                         mode_, planned_costs(cfg_))),
