@@ -187,7 +187,8 @@ void CudaOps::to_float(float* dst, const Act* src, std::size_t n) {
 
 void CudaOps::sum_squares_to(double* out, const std::vector<Span>& spans) {
   if (spans.empty()) return fill_zero(out, sizeof(double));
-  // As sum_squares, with the span results added in span order on the device.
+  // One scratch area, then one result slot per span, added in span order: the total
+  // depends on nothing but the data.
   const std::size_t scratch = cuda::sum_squares_scratch_doubles();
   auto* ws = static_cast<double*>(workspace((scratch + spans.size()) * sizeof(double)));
   double* results = ws + scratch;
@@ -207,18 +208,9 @@ void CudaOps::update_control(float* control, const double* stats, double grad_cl
 
 double CudaOps::sum_squares(const std::vector<Span>& spans) {
   if (spans.empty()) return 0.0;
-  // One scratch area, then one result slot per span; one download; the host adds the
-  // span results in span order, so the total does not depend on anything but the data.
-  const std::size_t scratch = cuda::sum_squares_scratch_doubles();
-  auto* ws = static_cast<double*>(workspace((scratch + spans.size()) * sizeof(double)));
-  double* results = ws + scratch;
-  fill_zero(results, spans.size() * sizeof(double));
-  for (std::size_t i = 0; i < spans.size(); ++i)
-    if (spans[i].n > 0) cuda::sum_squares(results + i, spans[i].data, spans[i].n, ws, stream());
-  std::vector<double> host(spans.size());
-  download(host.data(), results, host.size() * sizeof(double));
+  sum_squares_to(static_cast<double*>(sum_out_.get()), spans);
   double total = 0.0;
-  for (double r : host) total += r;
+  download(&total, sum_out_.get(), sizeof total);
   return total;
 }
 

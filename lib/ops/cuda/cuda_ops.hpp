@@ -159,6 +159,7 @@ class CudaOps final : public Ops {
   cuda::Stream stream_;
   cuda::Gemm gemm_;
   cuda::DeviceMemory workspace_;
+  cuda::DeviceMemory sum_out_{sizeof(double)};  // sum_squares' result
   // Workspaces outgrown since the last wait_queue: queued work may still use them, and
   // freeing them now would make the host wait.
   std::vector<cuda::DeviceMemory> retired_;
