@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "comm/mpi_wait.hpp"
@@ -118,6 +119,17 @@ void NcclContext::check_age(std::chrono::steady_clock::time_point since, const N
           kExitCommFailure);
 }
 
+void NcclContext::stream_wait(const char* site, cudaStream_t consumer, cudaEvent_t event,
+                              const NcclOpInfo& info) {
+#ifdef PPTRAIN_EMULATED_GPU
+  const char* drop = std::getenv("PPTRAIN_DROP_STREAM_WAIT");
+  if (drop != nullptr && std::string(drop) == site) return;
+#else
+  (void)site;
+#endif
+  check(cudaStreamWaitEvent(consumer, event, 0), "cudaStreamWaitEvent", info);
+}
+
 void NcclContext::wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info) {
   constexpr int kSpins = 1000;
   constexpr auto kMaxSleep = std::chrono::microseconds(100);
@@ -182,7 +194,7 @@ void NcclPending::wait() {
 
 void NcclPending::wait_in_queue() {
   if (complete_) return;
-  ctx_->check(cudaStreamWaitEvent(ctx_->compute_stream(), done_, 0), "cudaStreamWaitEvent", info_);
+  ctx_->stream_wait("compute-after-collective", ctx_->compute_stream(), done_, info_);
   ctx_->watch(done_, comm_, std::move(info_));
   done_ = nullptr;  // the context owns it now
   complete_ = true;  // for this object: nothing is left to wait for

@@ -86,7 +86,7 @@ class NcclGroup final : public Group {
     const cudaStream_t side = ctx_->comm_stream();
     // The side stream starts once the compute stream has produced the data.
     cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
-    ctx_->check(cudaStreamWaitEvent(side, ready, 0), "cudaStreamWaitEvent", op);
+    ctx_->stream_wait("collective-after-compute", side, ready, op);
     ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
     if (n > 0)
       ctx_->check(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, side),

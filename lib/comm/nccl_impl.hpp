@@ -54,6 +54,13 @@ class NcclContext {
   // A new event recorded on `stream`.
   cudaEvent_t record(cudaStream_t stream, const NcclOpInfo& info);
 
+  // Makes `consumer` wait for `event`: every cross-stream dependency goes through here,
+  // named by `site`. In the emulated build (PPTRAIN_EMULATED_GPU) the environment
+  // variable PPTRAIN_DROP_STREAM_WAIT=<site> drops that one wait, so tests can show that
+  // each is needed and that its absence is caught.
+  void stream_wait(const char* site, cudaStream_t consumer, cudaEvent_t event,
+                   const NcclOpInfo& info);
+
   // Blocks until `done` has completed, polling it and comm's asynchronous error; past
   // the timeout (if > 0) prints the watchdog line and ends the job. One host wait.
   void wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info);

@@ -8,6 +8,8 @@ CPU run of the same global batch (pptrain, fp32): fp32 within 1e-5 relative, bf1
 within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
 the device exactly once (device_syncs: at its end, for its loss and norm). Then:
+- stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
+  dropped in turn, makes a dp2 run wrong or fail for some stream seed;
 - overlap: dp2 and (2,2,2) with parallel.overlap: false give the same bits as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout;
@@ -120,6 +122,53 @@ def check_layouts(names, work, failures):
               f"{[r.get('device_syncs') for r in rows]} -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             failures.append(label)
+    if 4 not in reference:
+        reference[4], _ = run(PPTRAIN, work, "cpu_m4", settings(1, 1, 1, 4, []))
+    return reference[4]
+
+
+def stream_wait_sites():
+    """Every cross-stream wait in lib/: the sites of NcclContext::stream_wait."""
+    lib = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib")
+    sites = set()
+    for root, _, files in os.walk(lib):
+        for name in files:
+            if name.endswith((".cpp", ".hpp")):
+                with open(os.path.join(root, name)) as f:
+                    sites.update(re.findall(r'stream_wait\("([^"]+)"', f.read()))
+    return sorted(sites)
+
+
+def check_dropped_waits(work, failures, reference):
+    """Each cross-stream wait dropped in turn (PPTRAIN_DROP_STREAM_WAIT): some stream
+    order must then give wrong numbers or fail, so no wait is there by accident and
+    none is missing unnoticed. dp2 in fp32 exercises every site."""
+    tp, pp, dp, mb, extra = LAYOUTS["dp2"]
+    sets = settings(tp, pp, dp, mb, extra) + ["device=cuda", "train.precision=fp32"]
+    sites = stream_wait_sites()
+    if not sites:
+        failures.append("no stream_wait sites found")
+    for site in sites:
+        caught = None
+        for seed in range(1, 7):
+            label = f"drop_{site}_{seed}"
+            metrics = os.path.join(work, label + ".jsonl")
+            argv = [EMULATED, "--config", CONFIG] + jobs.overrides(sets + [f"logging.metrics={metrics}"])
+            env = dict(ENV, PPTRAIN_EMULATED_STREAM_SEED=str(seed), PPTRAIN_DROP_STREAM_WAIT=site)
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+            if out.returncode != 0:
+                caught = f"seed {seed}: exit {out.returncode}"
+                break
+            with open(metrics) as f:
+                rows = [json.loads(line) for line in f]
+            diff = worst(rows, reference)
+            if diff > PRECISIONS["fp32"]:
+                caught = f"seed {seed}: worst {diff:.1e}"
+                break
+        print(f"{'drop ' + site:40} {'caught, ' + caught if caught else 'NOT CAUGHT'} -> "
+              f"{'ok' if caught else 'FAIL'}", flush=True)
+        if not caught:
+            failures.append("drop " + site)
 
 
 def check_overlap(work, failures):
@@ -213,13 +262,15 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     failures = []
-    check_layouts(names, work, failures)
+    reference = check_layouts(names, work, failures)
+    check_dropped_waits(work, failures, reference)
     check_overlap(work, failures)
     check_checkpoints(work, failures)
     check_stalled_rank(work, failures)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + 5} passed, 0 failed")
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 5} passed, "
+          "0 failed")
 
 
 if __name__ == "__main__":
