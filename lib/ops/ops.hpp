@@ -105,7 +105,6 @@ class Ops {
   // call (the device's clock on CUDA, the host's on the CPU); clears them.
   virtual std::vector<double> take_marks() = 0;
   // The device's count of host waits (null on the CPU, where the host never waits).
-  virtual const HostWaitCounter* host_waits() const { return nullptr; }
   virtual HostWaitCounter* host_waits() { return nullptr; }
   // The native queue ops run on (a cudaStream_t on CUDA, null on the CPU), so a
   // communicator can order its work after theirs.

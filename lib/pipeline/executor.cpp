@@ -349,8 +349,9 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       if (!spec.first && placement_.previous(stage_, c).stage != stage_) {
         world_.exchange({transfer(receive)});
         model_.complete_message(boundary(receive));
-        // The forward reads its losses back; wait here, under the watchdog, for the input.
-        model_.backend().wait_queue([&] { world_.check_progress(); });
+        // A last chunk's forward reads its losses back: wait for the input here, under
+        // the watchdog, rather than in that unwatched read.
+        if (spec.last) model_.backend().wait_queue([&] { world_.check_progress(); });
       }
       if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),

@@ -29,7 +29,7 @@ class GradSync {
   // Starts a step: zeroes its statistics.
   void start_step();
   // Where the executor adds the step's micro-batch losses (backend memory, fp64).
-  double* loss_total() { return stats_.get() ? static_cast<double*>(stats_.get()) : nullptr; }
+  double* loss_total() { return static_cast<double*>(stats_.get()); }
   // The chunk's gradients are final: with parallel.overlap its all-reduce starts now.
   void chunk_done(int chunk);
   // Lets the started reductions progress (MPI tests them; a device needs nothing).

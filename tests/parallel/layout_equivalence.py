@@ -6,7 +6,7 @@ Runs pptrain on a tiny fp32 model in the single-rank layout and in each parallel
 first step's loss and gradient norm to 1e-6 relative, every loss over the run to 1e-4.
 The global batch (dp * micro_batches * micro_batch_size) is the same in every layout
 but pp2_m3, which is compared with a single-rank run of its own batch.
-Every schedule runs at pp 2 and 4 with 64 KiB boundary messages, in the CPU's message
+Every schedule runs at pp 2 and 4 with messages of 64 KiB or more, in the CPU's message
 mode and some in the grouped one GPUs use, and Open MPI's eager limits are forced down,
 so that no message is buffered: a schedule that could deadlock does.
 Activation recomputation (selective and full, on all or some layers) runs in several of
@@ -98,8 +98,9 @@ RESUME_CASES = {
     "resume_2x2x2": ((1, 1, 1, 4), (2, 2, 2, 2)),
 }
 # The model: vocab 251 is not divisible by tp=2; 8 layers; 8 sequences per step; a
-# boundary message of 2 x 64 x 128 fp32 = 64 KiB.
-MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_len=64",
+# boundary array of 2 x 128 x 128 fp32 = 128 KiB, so that at tp 2 each rank's share of a
+# pipeline message (1/tp of it, with or without SP) is 64 KiB.
+MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_len=128",
          "model.vocab_size=251", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
          "train.threads=1", "train.eval_every=0", "train.warmup_steps=2", "logging.every=1",
          "checkpoint.dir=", "parallel.comm_timeout_s=60"]

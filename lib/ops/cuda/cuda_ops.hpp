@@ -71,7 +71,6 @@ class CudaOps final : public Ops {
   std::size_t mark() override;
   void wait_queue(const std::function<void()>& poll) override;
   std::vector<double> take_marks() override;
-  const HostWaitCounter* host_waits() const override { return &waits_; }
   HostWaitCounter* host_waits() override { return &waits_; }
   void* native_stream() override { return stream_.get(); }
   std::size_t peak_memory_bytes() const override { return memory_.peak(); }
