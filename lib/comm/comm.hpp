@@ -64,6 +64,12 @@ class Group {
   // Non-blocking all-reduce (sum) for gradient buckets: start now, wait later. data must
   // stay alive and untouched until wait() returns.
   virtual std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) = 0;
+  // Non-blocking and in place, for ZeRO's buckets; n is a multiple of size() and block r
+  // is the n / size() elements at data + r * n / size(). reduce_scatter_start: this
+  // rank's block ends as the sum of every member's block rank(); the other blocks are
+  // left undefined. all_gather_start: every member's own block ends on every member.
+  virtual std::unique_ptr<PendingOp> reduce_scatter_start(float* data, std::size_t n) = 0;
+  virtual std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) = 0;
 };
 
 // One point-to-point message of `bytes` bytes to or from a world rank. Tags are >= 0 and small (the MPI

@@ -1,6 +1,8 @@
 // Collectives of one MPI communicator: each is started non-blocking and waited under
 // the watchdog (mpi_wait.cpp), so a missing member ends the job with a message.
 #include <cstddef>
+#include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
@@ -86,8 +88,39 @@ class MpiGroup final : public Group {
               "MPI_Iallreduce", info);
     return std::make_unique<MpiPending>(std::move(requests), std::move(info));
   }
+  // MPI's in-place form leaves this rank's block at the front; it moves to its own place
+  // once complete (the two ranges are disjoint for rank > 0).
+  std::unique_ptr<PendingOp> reduce_scatter_start(float* data, std::size_t n) override {
+    const std::size_t block = blocks_of(n, "reduce_scatter_start");
+    WaitInfo info = wait_info("reduce_scatter_start");
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check_mpi(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, mpi_count(block, "reduce_scatter_start"),
+                                        MPI_FLOAT, MPI_SUM, comm_, requests.data()),
+              "MPI_Ireduce_scatter_block", info);
+    std::function<void()> move;
+    if (rank_ != 0)
+      move = [data, block, r = std::size_t(rank_)] {
+        std::memcpy(data + r * block, data, block * sizeof(float));
+      };
+    return std::make_unique<MpiPending>(std::move(requests), std::move(info), std::move(move));
+  }
+  std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) override {
+    const int block = mpi_count(blocks_of(n, "all_gather_start"), "all_gather_start");
+    WaitInfo info = wait_info("all_gather_start");
+    std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
+    check_mpi(MPI_Iallgather(MPI_IN_PLACE, block, MPI_FLOAT, data, block, MPI_FLOAT, comm_,
+                             requests.data()),
+              "MPI_Iallgather", info);
+    return std::make_unique<MpiPending>(std::move(requests), std::move(info));
+  }
 
  private:
+  std::size_t blocks_of(std::size_t n, const char* op) const {
+    PPTRAIN_CHECK(n % std::size_t(size_) == 0, name_ + ": " + op + " of " + std::to_string(n) +
+                                                   " elements does not split into " +
+                                                   std::to_string(size_) + " blocks");
+    return n / std::size_t(size_);
+  }
   WaitInfo wait_info(const char* op) const {
     return {op, name_, world_rank_, timeout_s_,
             [members = members_](const std::vector<std::size_t>&) { return join_ranks(members); }};

@@ -38,25 +38,32 @@ int mpi_count(std::size_t n, const char* op);
 // A started operation: its requests and how to describe them.
 class MpiPending final : public PendingOp {
  public:
-  MpiPending(std::vector<MPI_Request> requests, WaitInfo info)
-      : requests_(std::move(requests)), info_(std::move(info)) {}
+  // `then` (may be empty) runs once, on the host, when the requests have completed.
+  MpiPending(std::vector<MPI_Request> requests, WaitInfo info, std::function<void()> then = {})
+      : requests_(std::move(requests)), info_(std::move(info)), then_(std::move(then)) {}
   ~MpiPending() override { wait(); }
   void wait() override {
     if (!done_) wait_all(requests_, info_);
-    done_ = true;
+    complete();
   }
   bool test() override {
     if (!done_) {
       int flag = 0;
       MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE);
-      done_ = flag != 0;
+      if (flag) complete();
     }
     return done_;
   }
 
  private:
+  void complete() {
+    if (done_) return;
+    done_ = true;
+    if (then_) then_();
+  }
   std::vector<MPI_Request> requests_;
   WaitInfo info_;
+  std::function<void()> then_;
   bool done_ = false;
 };
 

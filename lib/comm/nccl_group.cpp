@@ -1,7 +1,7 @@
 // Collectives of one NCCL communicator on arrays in GPU memory. Each is queued on the
 // compute stream, after the work already there and before the work queued later; the
-// host does not wait. all_reduce_start runs on the context's own stream instead, so
-// gradient reduction overlaps the backward pass; its wait() is watched, and its
+// host does not wait. The *_start collectives run on the context's own stream instead,
+// so gradient reduction overlaps the backward pass; their wait() is watched, and their
 // wait_in_queue() leaves the host free.
 #include <algorithm>
 #include <cstddef>
@@ -82,20 +82,46 @@ class NcclGroup final : public Group {
                 "ncclBroadcast", info("broadcast"));
   }
   std::unique_ptr<PendingOp> all_reduce_start(float* data, std::size_t n) override {
-    NcclOpInfo op = info("all_reduce_start");
-    const cudaStream_t side = ctx_->comm_stream();
-    // The side stream starts once the compute stream has produced the data.
-    cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
-    ctx_->stream_wait("collective-after-compute", side, ready, op);
-    ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
-    if (n > 0)
-      ctx_->check(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, side),
-                  "ncclAllReduce", op);
-    cudaEvent_t done = ctx_->record(side, op);
-    return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
+    return start_on_side("all_reduce_start", [&](cudaStream_t side) {
+      return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, side);
+    }, n);
+  }
+  // NCCL's in-place forms: this rank's block is at its own offset of the whole array.
+  std::unique_ptr<PendingOp> reduce_scatter_start(float* data, std::size_t n) override {
+    const std::size_t block = blocks_of(n, "reduce_scatter_start");
+    float* mine = data + std::size_t(rank_) * block;
+    return start_on_side("reduce_scatter_start", [&](cudaStream_t side) {
+      return ncclReduceScatter(data, mine, block, ncclFloat32, ncclSum, comm_, side);
+    }, n);
+  }
+  std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) override {
+    const std::size_t block = blocks_of(n, "all_gather_start");
+    const float* mine = data + std::size_t(rank_) * block;
+    return start_on_side("all_gather_start", [&](cudaStream_t side) {
+      return ncclAllGather(mine, data, block, ncclFloat32, comm_, side);
+    }, n);
   }
 
  private:
+  // Queues `call` on the context's communication stream after the work already on the
+  // compute stream (which produced its data); returns the op, watched from then on.
+  template <class Call>
+  std::unique_ptr<PendingOp> start_on_side(const char* name, Call&& call, std::size_t n) {
+    NcclOpInfo op = info(name);
+    const cudaStream_t side = ctx_->comm_stream();
+    cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
+    ctx_->stream_wait("collective-after-compute", side, ready, op);
+    ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
+    if (n > 0) ctx_->check(call(side), name, op);
+    cudaEvent_t done = ctx_->record(side, op);
+    return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
+  }
+  std::size_t blocks_of(std::size_t n, const char* op) const {
+    PPTRAIN_CHECK(n % members_.size() == 0, name_ + ": " + op + " of " + std::to_string(n) +
+                                                " elements does not split into " +
+                                                std::to_string(members_.size()) + " blocks");
+    return n / members_.size();
+  }
   cudaStream_t stream() const { return ctx_->compute_stream(); }
   NcclOpInfo info(const char* op) const { return {op, name_, peers_}; }
 

@@ -36,6 +36,7 @@ std::span<const Field> fields() {
       PPTRAIN_FIELD(parallel, layers_per_stage),
       PPTRAIN_FIELD(parallel, schedule_costs), PPTRAIN_FIELD(parallel, message_mode),
       PPTRAIN_FIELD(parallel, comm_timeout_s), PPTRAIN_FIELD(parallel, overlap),
+      PPTRAIN_FIELD(parallel, grad_bucket_mib),
       PPTRAIN_FIELD(train, steps),
       PPTRAIN_FIELD(train, lr),             PPTRAIN_FIELD(train, min_lr),
       PPTRAIN_FIELD(train, warmup_steps),   PPTRAIN_FIELD(train, lr_schedule),

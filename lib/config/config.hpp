@@ -56,6 +56,8 @@ struct ParallelConfig {
   double comm_timeout_s = 300;        // a communication wait longer than this aborts the job
   // Gradient reductions start during the backward pass (false: all after it; same sums).
   bool overlap = true;
+  // The most gradient floats one data-parallel reduction carries, in MiB (fp32).
+  double grad_bucket_mib = 25;
 };
 
 struct TrainConfig {

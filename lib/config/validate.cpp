@@ -142,6 +142,8 @@ void validate_layout(const Config& c, const Rules& r) {
                " token rows, tp=" + std::to_string(p.tp) + ")");
   if (p.zero == 1 && p.dp == 1)
     r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
+  if (!(p.grad_bucket_mib > 0) || p.grad_bucket_mib > 65536)
+    r.fail("parallel.grad_bucket_mib", "must be > 0 and at most 65536 (got " + num(p.grad_bucket_mib) + ")");
   if (!(p.comm_timeout_s > 0))
     r.fail("parallel.comm_timeout_s", "must be > 0 (got " + num(p.comm_timeout_s) + ")");
 }

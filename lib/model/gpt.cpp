@@ -236,7 +236,7 @@ void GptModel::recompute(int l, int i, LayerView& v) {
   }
 }
 
-void GptModel::backward_input(int chunk, Activations& a) {
+void GptModel::backward_input(int chunk, Activations& a, const LayerFn& layer_done) {
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const bool fused = fused_backward_[size_t(chunk)];
   lend(a, Lifetime::FromB);
@@ -246,7 +246,10 @@ void GptModel::backward_input(int chunk, Activations& a) {
     LayerView v = layer_view(a, i, Pass::Input);
     recompute(l, i, v);
     layer_backward_input(l, v);
-    if (fused) layer_backward_weight(l, v);
+    if (fused) {
+      layer_backward_weight(l, v);
+      if (layer_done) layer_done(l);
+    }
   }
   give_back(a, Lifetime::UntilB);
   if (fused) {
@@ -293,11 +296,13 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh, C);
 }
 
-void GptModel::backward_weight(int chunk, Activations& a) {
+void GptModel::backward_weight(int chunk, Activations& a, const LayerFn& layer_done) {
   if (a.weight_done) return;  // the fused backward ran it
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
-  for (int l = c.layer_end - 1; l >= c.layer_begin; --l)
+  for (int l = c.layer_end - 1; l >= c.layer_begin; --l) {
     layer_backward_weight(l, layer_view(a, l - c.layer_begin, Pass::Weight));
+    if (layer_done) layer_done(l);
+  }
   chunk_backward_weight(chunk, a);
   a.weight_done = true;
   give_back(a, Lifetime::FromB);

@@ -10,6 +10,7 @@
 // memory on CUDA).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -106,10 +107,13 @@ class GptModel {
   // needs the gradient of its output written to output_grad(a). A chunk with fully
   // recomputed layers, when W follows B (policy().weight_follows_input), runs each
   // layer's W right after its B here, from one layer's workspace.
-  void backward_input(int chunk, Activations& a);
+  // `layer_done`, when set, is called with each layer once its weight gradients are
+  // queued, from whichever of the two passes runs them.
+  using LayerFn = std::function<void(int layer)>;
+  void backward_input(int chunk, Activations& a, const LayerFn& layer_done = {});
   // Weight gradients of the chunk, accumulated into grads(); after backward_input (a
   // no-op when backward_input already ran them).
-  void backward_weight(int chunk, Activations& a);
+  void backward_weight(int chunk, Activations& a, const LayerFn& layer_done = {});
   void backward_input();   // single-chunk whole model
   void backward_weight();  // single-chunk whole model
 

@@ -34,6 +34,11 @@ ParamEntry& ParamLayout::add(const std::string& name, std::vector<int64_t> shape
   return entries_.back();
 }
 
+void ParamLayout::pad_to(std::size_t floats) {
+  PPTRAIN_CHECK(floats >= 1, "pad_to: floats must be >= 1");
+  total_ = (total_ + floats - 1) / floats * floats;
+}
+
 const ParamEntry& ParamLayout::at(const std::string& name) const {
   for (const auto& e : entries_)
     if (e.name == name) return e;
@@ -92,10 +97,12 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
     e.num_shards = tp;
     e.tied_copy = copy;
   };
+  const auto end_group = [&] { layout.pad_to(part.group_floats); };
   for (const ChunkSpec& c : part.chunks) {
     if (c.first) {
       add_wte(false);
       whole("transformer.wpe.weight", {T, C}, true);
+      end_group();
     }
     for (int l = c.layer_begin; l < c.layer_end; ++l) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
@@ -109,10 +116,12 @@ ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
       split(h + "mlp.c_fc.bias", {4 * Cl}, {4 * C}, 0, 1, false);
       split(h + "mlp.c_proj.weight", {4 * Cl, C}, {4 * C, C}, 0, 1, true);  // row
       whole(h + "mlp.c_proj.bias", {C}, false);
+      end_group();
     }
     if (c.last) {
       norm("transformer.ln_f");
       if (!layout.contains("transformer.wte.weight")) add_wte(part.tied_copy_on_last);
+      end_group();
     }
   }
   return layout;

@@ -49,6 +49,8 @@ class ParamLayout {
   const ParamEntry& at(const std::string& name) const;  // throws std::out_of_range
   bool contains(const std::string& name) const;
   std::size_t total_floats() const { return total_; }   // arena size including alignment gaps
+  // Pads the arena's end to a multiple of `floats`; the next entry starts there.
+  void pad_to(std::size_t floats);
   int64_t hf_param_count() const;                       // real parameters (GPT-2 shapes)
 
  private:
@@ -67,6 +69,10 @@ struct ModelPartition {
   std::vector<ChunkSpec> chunks;  // empty: the whole model in one chunk
   int tp_rank = 0, tp_size = 1;
   bool tied_copy_on_last = false;  // the head's wte is a copy (pp > 1)
+  // Each layer's tensors, and each chunk's leading embeddings and trailing head, start
+  // and end on a multiple of this many floats (grad_buckets.hpp: ZeRO-1 splits every
+  // gradient bucket evenly over the data-parallel ranks, in place).
+  std::size_t group_floats = 1;
 };
 
 // The whole model on one rank.

@@ -10,21 +10,42 @@
 
 namespace pptrain {
 
+namespace {
+std::vector<AdamW::Range> clamped(std::vector<AdamW::Range> ranges, std::size_t total) {
+  for (auto& [b, e] : ranges) {
+    e = std::min(e, total);
+    b = std::min(b, e);
+  }
+  return ranges;
+}
+std::vector<std::size_t> prefix_sizes(const std::vector<AdamW::Range>& ranges) {
+  std::vector<std::size_t> at{0};
+  for (const auto& [b, e] : ranges) at.push_back(at.back() + (e - b));
+  return at;
+}
+}  // namespace
+
 AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
-             std::size_t begin, std::size_t end)
+             std::vector<Range> ranges)
     : ops_(ops),
       layout_(layout),
       beta1_(train.beta1),
       beta2_(train.beta2),
       eps_(train.eps),
       weight_decay_(train.weight_decay),
-      begin_(std::min(begin, layout.total_floats())),
-      end_(std::min(end, layout.total_floats())),
+      ranges_(clamped(std::move(ranges), layout.total_floats())),
+      offsets_(prefix_sizes(ranges_)),
       m_(ops::Buffer::zeroed(ops, size() * sizeof(float))),
       v_(ops::Buffer::zeroed(ops, size() * sizeof(float))) {}
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t, const float* control) {
+  for (std::size_t i = 0; i < ranges_.size(); ++i)
+    step_range(i, params, weights, grads, lr, grad_scale, t, control);
+}
+
+void AdamW::step_range(std::size_t i, float* params, ops::Act* weights, const float* grads,
+                       float lr, float grad_scale, int64_t t, const float* control) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
   // 1 - beta and the bias corrections once per step, in double, then used as fp32
   // factors.
@@ -40,13 +61,16 @@ void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
   h.grad_scale = grad_scale;
   h.control = control;
   const DType dt = ops_.compute_dtype();
+  const auto [begin, end] = ranges_[i];
+  float* m = m_.f32() + offsets_[i];  // the range's moments, from element `begin`
+  float* v = v_.f32() + offsets_[i];
   for (const ParamEntry& e : layout_.entries()) {
-    // The part of the entry inside this optimizer's range.
-    const std::size_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    // The part of the entry inside the range.
+    const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
     if (lo >= hi) continue;
     h.weight_decay = e.decay ? float(weight_decay_) : 0.0f;
     ops_.adamw(params + lo, weights ? ops::advance(weights, lo, dt) : nullptr, grads + lo,
-               m_.f32() + (lo - begin_), v_.f32() + (lo - begin_), hi - lo, h);
+               m + (lo - begin), v + (lo - begin), hi - lo, h);
   }
 }
 

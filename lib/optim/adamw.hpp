@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "config/config.hpp"
@@ -20,30 +21,37 @@ namespace pptrain {
 // Elements in alignment gaps between entries are never touched.
 class AdamW {
  public:
-  // Updates the arena elements in [begin, end) only (ZeRO-1: this rank's shard); the
-  // default is the whole arena.
+  using Range = std::pair<std::size_t, std::size_t>;  // arena floats [first, second)
+  // Updates the arena elements in `ranges` only (ZeRO-1: this rank's blocks of every
+  // gradient bucket); the default is the whole arena.
   AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
-        std::size_t begin = 0, std::size_t end = SIZE_MAX);
+        std::vector<Range> ranges = {{0, SIZE_MAX}});
 
   // One update of every entry in range; params and grads are arenas of
-  // layout.total_floats() in backend memory (only [begin, end) is read or written).
+  // layout.total_floats() in backend memory (only the ranges are read or written).
   // When `weights` is not null the updated elements are also written there in the
   // backend's compute dtype (the model's weight copy). `control` (backend memory; may be
   // null): ops::AdamWStep::control, which replaces grad_scale and may skip the update.
   void step(float* params, ops::Act* weights, const float* grads, float lr, float grad_scale,
             int64_t t, const float* control = nullptr);
+  // The same for range i alone: step() is step_range over every range.
+  void step_range(std::size_t i, float* params, ops::Act* weights, const float* grads, float lr,
+                  float grad_scale, int64_t t, const float* control = nullptr);
 
-  // First and second moments of elements [begin, end) in backend memory: arena element
-  // i is moment i - begin (zero at construction).
+  // First and second moments of the ranges' elements in backend memory, range after
+  // range: range i's element x is moment moment_offset(i) + x - ranges()[i].first.
   float* exp_avg() { return m_.f32(); }
   float* exp_avg_sq() { return v_.f32(); }
-  std::size_t size() const { return end_ > begin_ ? end_ - begin_ : 0; }
+  const std::vector<Range>& ranges() const { return ranges_; }
+  std::size_t moment_offset(std::size_t i) const { return offsets_[i]; }
+  std::size_t size() const { return offsets_.back(); }
 
  private:
   ops::Ops& ops_;
   ParamLayout layout_;
   double beta1_, beta2_, eps_, weight_decay_;
-  std::size_t begin_, end_;
+  std::vector<Range> ranges_;
+  std::vector<std::size_t> offsets_;  // prefix sums of the range sizes
   ops::Buffer m_, v_;
 };
 

@@ -221,13 +221,17 @@ class ChunkCompletion {
  public:
   ChunkCompletion(const std::vector<ChunkSpec>& chunks, int micro_batches,
                   const std::function<void(int)>& chunk_done)
-      : m_(micro_batches), weights_(chunks.size(), 0), reported_(chunks.size(), false),
+      : m_(micro_batches), inputs_(chunks.size(), 0), weights_(chunks.size(), 0),
+        reported_(chunks.size(), false),
         chunk_done_(chunk_done) {
     for (int c = 0; c < int(chunks.size()); ++c) {
       if (chunks[size_t(c)].first) first_ = c;
       if (chunks[size_t(c)].last) last_ = c;
     }
   }
+  // Whether the next input (weight) pass of `chunk` is its last of the step.
+  bool last_input(int chunk) { return ++inputs_[size_t(chunk)] == m_; }
+  bool last_weight(int chunk) const { return weights_[size_t(chunk)] + 1 == m_; }
   void weight_done(int chunk) {
     ++weights_[size_t(chunk)];
     for (int c = 0; c < int(weights_.size()) && chunk_done_; ++c)
@@ -243,7 +247,7 @@ class ChunkCompletion {
     return own && (c != first_ || last_ < 0 || weights_[size_t(last_)] == m_);
   }
   int m_, first_ = -1, last_ = -1;
-  std::vector<int> weights_;
+  std::vector<int> inputs_, weights_;
   std::vector<bool> reported_;
   const std::function<void(int)>& chunk_done_;
 };
@@ -269,11 +273,11 @@ void PipelineExecutor::communicate(const Step& step) {
 }
 
 void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double* loss_total,
-                                  const std::function<void(int)>& chunk_done,
-                                  const std::function<void()>& progress) {
+                                  const GradHooks& hooks) {
   ops::Ops& ops = model_.backend();
   const auto& chunks = model_.partition().chunks;
-  ChunkCompletion completion(chunks, m_, chunk_done);
+  ChunkCompletion completion(chunks, m_, hooks.chunk_done);
+  const GptModel::LayerFn none;
   peak_activations_ = 0;
   started_ = Clock::now();
   first_mark_ = ops.mark();
@@ -293,16 +297,18 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
       model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts), targets_.data(),
                      loss_scale, loss_total);
     } else if (a.op == Op::BackwardInput) {
-      model_.backward_input(a.chunk, acquire(key));
+      model_.backward_input(a.chunk, acquire(key),
+                            completion.last_input(a.chunk) ? hooks.layer_done : none);
     } else {
-      model_.backward_weight(a.chunk, acquire(key));
+      model_.backward_weight(a.chunk, acquire(key),
+                             completion.last_weight(a.chunk) ? hooks.layer_done : none);
       // The input gradient may still have to be sent (schedules that run W first).
       weight_done_.insert(key);
       if (spec.first || gradient_sent_.count(key)) release(key);
       completion.weight_done(a.chunk);
     }
     ops.mark();  // the step's end: no wait, the marks are read after the step
-    if (progress) progress();
+    if (hooks.progress) hooks.progress();
     peak_activations_ = std::max(peak_activations_, int(live_.size() + draining_.size()));
   }
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");

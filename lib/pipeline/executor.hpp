@@ -70,17 +70,22 @@ class PipelineExecutor {
                    ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
                    MessageMode mode, const StageCosts& planned = {});
 
+  // What a training step tells the gradient reduction; each may be empty.
+  struct GradHooks {
+    // Layer l's gradients are final: its last micro-batch's weight pass is queued.
+    std::function<void(int layer)> layer_done;
+    // Chunk c's gradients are final: its last weight-gradient pass is queued (and, for
+    // the chunk holding the token embedding, that of a local head chunk sharing it).
+    std::function<void(int chunk)> chunk_done;
+    // Runs after every step of the schedule (host communication progresses there).
+    std::function<void()> progress;
+  };
   // Queues one training step's schedule with loss scale `loss_scale` per micro-batch;
   // on a device backend the host does not wait for it. A last stage adds each
   // micro-batch's mean loss to *loss_total (backend memory, fp64). Every weight
-  // gradient is accumulated when it returns; chunk_done(c) is called as soon as chunk
-  // c's gradients are final: its last weight-gradient pass is queued (and, for the
-  // chunk holding the token embedding, that of a local head chunk sharing it).
-  // progress(), if set, runs after every step of the schedule (host communication
-  // started earlier progresses there).
+  // gradient is accumulated when it returns.
   void train_step(const BatchFn& batch, float loss_scale, double* loss_total,
-                  const std::function<void(int)>& chunk_done = {},
-                  const std::function<void()>& progress = {});
+                  const GradHooks& hooks = {});
   // The last train_step's times, from `marks` (the backend's take_marks(), read after
   // its wait_queue()); on_action, if set, gets each action's span, placed on the host
   // clock from the step's start.

@@ -7,47 +7,39 @@
 
 namespace pptrain {
 
-namespace {
-// Arena range [begin, end) of each chunk's tensors: the layout adds them chunk by chunk
-// (a chunk's first entry is its first tensor; the next chunk starts after its last).
-std::vector<std::pair<size_t, size_t>> chunk_ranges(const GptModel& model) {
-  const auto& entries = model.layout().entries();
-  std::vector<size_t> firsts;
-  for (const ChunkSpec& c : model.partition().chunks) {
-    const std::string name = c.first ? "transformer.wte.weight"
-                             : c.layer_end > c.layer_begin
-                                 ? "transformer.h." + std::to_string(c.layer_begin) + ".ln_1.weight"
-                                 : "transformer.ln_f.weight";
-    firsts.push_back(model.layout().at(name).offset);
-  }
-  std::vector<std::pair<size_t, size_t>> ranges;
-  for (size_t c = 0; c < firsts.size(); ++c)
-    ranges.emplace_back(firsts[c], c + 1 < firsts.size() ? firsts[c + 1]
-                                                         : entries.back().offset + entries.back().numel);
-  return ranges;
-}
-}  // namespace
-
 GradSync::GradSync(Session& s)
     : s_(s),
       zero_(s.cfg.parallel.zero == 1 && s.grid.dp() > 1),
-      total_(s.model.layout().total_floats()),
-      shard_(zero_ ? (total_ + size_t(s.grid.dp()) - 1) / size_t(s.grid.dp()) : total_),
-      begin_(zero_ ? std::min(total_, size_t(s.coord.dp) * shard_) : 0),
-      end_(zero_ ? std::min(total_, begin_ + shard_) : total_),
-      chunk_ranges_(chunk_ranges(s.model)) {
+      overlap_(s.cfg.parallel.overlap),
+      dp_(s.grid.dp()),
+      buckets_(plan_grad_buckets(s.model.layout(), s.model.partition(),
+                                 bucket_floats(s.cfg.parallel))),
+      pending_(buckets_.size()) {
+  const ParamLayout& layout = s.model.layout();
+  const std::size_t total = layout.total_floats();
+  comm::Group* embedding = s.comms.embedding_for_model();
+  const bool tied = embedding && embedding->size() > 1 && layout.contains("transformer.wte.weight");
+  for (const GradBucket& b : buckets_) {
+    bool holds_wte = false;
+    if (tied) {
+      const ParamEntry& wte = layout.at("transformer.wte.weight");
+      holds_wte = wte.offset < b.end && b.begin < wte.offset + wte.numel;
+    }
+    after_embedding_.push_back(zero_ && holds_wte);
+    const std::size_t block = b.size() / std::size_t(dp_);
+    if (zero_) owned_.emplace_back(b.begin + std::size_t(s.coord.dp) * block,
+                                   b.begin + std::size_t(s.coord.dp + 1) * block);
+  }
+  if (!zero_) owned_ = {{0, total}};
   if (s.cfg.parallel.sequence_parallel) {
     std::size_t floats = 0;
-    for (const ParamEntry& e : s.model.layout().entries())
-      if (e.layer_norm) {
-        layer_norms_.push_back(&e);
-        floats += e.numel;
-      }
+    for (const ParamEntry& e : layout.entries())
+      for (const auto& [b, end] : owned_)
+        if (e.layer_norm && std::max(b, e.offset) < std::min(end, e.offset + e.numel)) {
+          layer_norms_.emplace_back(std::max(b, e.offset), std::min(end, e.offset + e.numel));
+          floats += layer_norms_.back().second - layer_norms_.back().first;
+        }
     layer_norm_grads_ = ops::Buffer(*s.ops, floats * sizeof(float));
-  }
-  if (zero_) {
-    padded_ = ops::Buffer(*s.ops, shard_ * size_t(s.grid.dp()) * sizeof(float));
-    shard_grads_ = ops::Buffer(*s.ops, shard_ * sizeof(float));
   }
   stats_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(double));
   control_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(float));
@@ -56,60 +48,80 @@ GradSync::GradSync(Session& s)
 }
 
 void GradSync::start_step() {
-  buckets_.clear();
+  for (auto& p : pending_) p.reset();
   stats_.zero();
 }
 
 double GradSync::grad_norm() const { return std::sqrt(host_stats_.get()[1]); }
 
-void GradSync::chunk_done(int chunk) {
-  if (s_.cfg.parallel.overlap) start_reduction(chunk);
+PipelineExecutor::GradHooks GradSync::hooks() {
+  PipelineExecutor::GradHooks h;
+  if (overlap_ && dp_ > 1) {
+    h.layer_done = [this](int layer) { layer_done(layer); };
+    h.chunk_done = [this](int chunk) { chunk_done(chunk); };
+    h.progress = [this] { progress(); };
+  }
+  return h;
 }
 
-void GradSync::start_reduction(int chunk) {
-  if (zero_ || s_.grid.dp() == 1) return;
-  const auto [b, e] = chunk_ranges_[size_t(chunk)];
-  buckets_.push_back(s_.comms.dp_for_model()->all_reduce_start(s_.model.grads() + b, e - b));
+void GradSync::layer_done(int layer) {
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (buckets_[i].layer == layer && !after_embedding_[i]) start(i);
+}
+
+void GradSync::chunk_done(int chunk) {
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (buckets_[i].chunk == chunk && !after_embedding_[i]) start(i);
+}
+
+void GradSync::start(std::size_t i) {
+  if (dp_ == 1 || pending_[i]) return;
+  comm::Group& dp = *s_.comms.dp_for_model();
+  float* data = s_.model.grads() + buckets_[i].begin;
+  pending_[i] = zero_ ? dp.reduce_scatter_start(data, buckets_[i].size())
+                      : dp.all_reduce_start(data, buckets_[i].size());
 }
 
 void GradSync::progress() {
-  for (auto& b : buckets_) b->test();
+  for (auto& p : pending_)
+    if (p) p->test();
+}
+
+void GradSync::wait_started() {
+  for (auto& p : pending_)
+    if (p) p->wait_in_queue();
 }
 
 void GradSync::finish(double grad_clip) {
   ops::Ops& ops = *s_.ops;
   float* grads = s_.model.grads();
-  // Without overlap the reductions start now, one per chunk as with it: the same sums.
-  if (!s_.cfg.parallel.overlap)
-    for (int c = 0; c < int(chunk_ranges_.size()); ++c) start_reduction(c);
-  // Before touching the embedding gradient below; the host goes on.
-  for (auto& b : buckets_) b->wait_in_queue();
-  buckets_.clear();
-  sum_layer_norms_over_tp();
+  // Without overlap every reduction starts now, in bucket order: the same sums.
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (!after_embedding_[i]) start(i);
+  wait_started();  // before touching the embedding gradient below; the host goes on
   comm::Group* embedding = s_.comms.embedding_for_model();
   if (embedding && embedding->size() > 1) {
     const ParamEntry& wte = s_.model.layout().at("transformer.wte.weight");
     embedding->all_reduce(grads + wte.offset, wte.numel, comm::ReduceOp::Sum);
   }
-  if (zero_) {  // reduce-scatter: this rank ends with the summed gradients of its shard
-    float* padded = padded_.f32();
-    ops.copy(padded, grads, total_ * sizeof(float));
-    ops.fill_zero(padded + total_, (padded_.bytes() / sizeof(float) - total_) * sizeof(float));
-    s_.comms.dp_for_model()->reduce_scatter(padded, shard_grads_.f32(), shard_);
-    ops.copy(grads + begin_, shard_grads_.get(), (end_ - begin_) * sizeof(float));
-  }
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (after_embedding_[i]) start(i);
+  wait_started();
+  sum_layer_norms_over_tp();
   // Each tensor counted once: tp-split shards all, replicated tensors on tp rank 0, the
-  // tied copy never; each dp rank its ZeRO shard, or dp rank 0 all when every dp rank
+  // tied copy never; each dp rank its ZeRO blocks, or dp rank 0 all when every dp rank
   // holds the same sums. The loss comes from tp rank 0 of the head stage.
   double* stats = static_cast<double*>(stats_.get());
   const bool counts = zero_ || s_.coord.dp == 0;
-  ops.sum_squares_to(stats + 1, grad_spans(
-                                    s_.model.layout(), grads,
-                                    [&](const ParamEntry& e) {
-                                      return counts && !e.tied_copy &&
-                                             (!e.replicated() || s_.coord.tp == 0);
-                                    },
-                                    begin_, end_));
+  std::vector<ops::Span> spans;
+  for (const auto& [b, e] : owned_) {
+    const auto part = grad_spans(
+        s_.model.layout(), grads,
+        [&](const ParamEntry& p) { return counts && !p.tied_copy && (!p.replicated() || s_.coord.tp == 0); },
+        b, e);
+    spans.insert(spans.end(), part.begin(), part.end());
+  }
+  ops.sum_squares_to(stats + 1, spans);
   if (!(s_.head_stage() && s_.coord.tp == 0)) ops.fill_zero(stats, sizeof(double));
   s_.comms.tp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
   s_.comms.pp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
@@ -124,25 +136,16 @@ void GradSync::sum_layer_norms_over_tp() {
   float* grads = s_.model.grads();
   float* packed = layer_norm_grads_.f32();
   std::size_t at = 0;
-  for (const ParamEntry* e : layer_norms_) {
-    ops.copy(packed + at, grads + e->offset, e->numel * sizeof(float));
-    at += e->numel;
+  for (const auto& [b, e] : layer_norms_) {
+    ops.copy(packed + at, grads + b, (e - b) * sizeof(float));
+    at += e - b;
   }
   s_.comms.tp_for_model()->all_reduce(packed, at, comm::ReduceOp::Sum);
   at = 0;
-  for (const ParamEntry* e : layer_norms_) {
-    ops.copy(grads + e->offset, packed + at, e->numel * sizeof(float));
-    at += e->numel;
+  for (const auto& [b, e] : layer_norms_) {
+    ops.copy(grads + b, packed + at, (e - b) * sizeof(float));
+    at += e - b;
   }
-}
-
-void GradSync::all_gather_range(const float* shard, float* full) {
-  ops::Ops& ops = *s_.ops;
-  float* mine = padded_.f32() + size_t(s_.coord.dp) * shard_;
-  ops.fill_zero(mine, shard_ * sizeof(float));
-  ops.copy(mine, shard, (end_ - begin_) * sizeof(float));
-  s_.comms.dp_for_model()->all_gather(mine, padded_.f32(), shard_);
-  ops.copy(full, padded_.get(), total_ * sizeof(float));
 }
 
 void GradSync::update(AdamW& opt, float lr, int64_t t) {
@@ -153,29 +156,53 @@ void GradSync::update(AdamW& opt, float lr, int64_t t) {
              lr, 1.0f, t, control);
     return;
   }
-  opt.step(model.params(), nullptr, model.grads(), lr, 1.0f, t, control);
+  // Each bucket's block, then (with overlap) its all-gather beside the next block's update.
   float* params = model.params();
-  all_gather_range(params + begin_, params);
+  comm::Group& dp = *s_.comms.dp_for_model();
+  std::vector<std::unique_ptr<comm::PendingOp>> gathers;
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    opt.step_range(i, params, nullptr, model.grads(), lr, 1.0f, t, control);
+    if (!overlap_) continue;
+    gathers.push_back(dp.all_gather_start(params + buckets_[i].begin, buckets_[i].size()));
+    for (auto& g : gathers) g->test();
+  }
+  if (!overlap_)
+    for (const GradBucket& b : buckets_) gathers.push_back(dp.all_gather_start(params + b.begin, b.size()));
+  for (auto& g : gathers) g->wait_in_queue();
   model.refresh_weights();
+}
+
+void GradSync::all_gather_blocks(float* full) {
+  std::vector<std::unique_ptr<comm::PendingOp>> gathers;
+  for (const GradBucket& b : buckets_)
+    gathers.push_back(s_.comms.dp_for_model()->all_gather_start(full + b.begin, b.size()));
+  for (auto& g : gathers) g->wait_in_queue();
 }
 
 void GradSync::full_moments(AdamW& opt, float* m, float* v) {
   ops::Ops& ops = *s_.ops;
+  const std::size_t total = s_.model.layout().total_floats();
   if (!zero_) {
-    ops.download(m, opt.exp_avg(), total_ * sizeof(float));
-    ops.download(v, opt.exp_avg_sq(), total_ * sizeof(float));
+    ops.download(m, opt.exp_avg(), total * sizeof(float));
+    ops.download(v, opt.exp_avg_sq(), total * sizeof(float));
     return;
   }
-  ops::Buffer full(ops, total_ * sizeof(float));
-  all_gather_range(opt.exp_avg(), full.f32());
-  ops.download(m, full.get(), full.bytes());
-  all_gather_range(opt.exp_avg_sq(), full.f32());
-  ops.download(v, full.get(), full.bytes());
+  ops::Buffer full(ops, total * sizeof(float));
+  for (auto [moments, host] : {std::pair{opt.exp_avg(), m}, std::pair{opt.exp_avg_sq(), v}}) {
+    for (std::size_t i = 0; i < owned_.size(); ++i)
+      ops.copy(full.f32() + owned_[i].first, moments + opt.moment_offset(i),
+               (owned_[i].second - owned_[i].first) * sizeof(float));
+    all_gather_blocks(full.f32());
+    ops.download(host, full.get(), full.bytes());
+  }
 }
 
 void GradSync::load_moments(const float* m, const float* v, AdamW& opt) {
-  s_.ops->upload(opt.exp_avg(), m + begin_, (end_ - begin_) * sizeof(float));
-  s_.ops->upload(opt.exp_avg_sq(), v + begin_, (end_ - begin_) * sizeof(float));
+  for (std::size_t i = 0; i < owned_.size(); ++i) {
+    const auto [b, e] = owned_[i];
+    s_.ops->upload(opt.exp_avg() + opt.moment_offset(i), m + b, (e - b) * sizeof(float));
+    s_.ops->upload(opt.exp_avg_sq() + opt.moment_offset(i), v + b, (e - b) * sizeof(float));
+  }
 }
 
 }  // namespace pptrain

@@ -54,8 +54,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
                        const PlannedSteps& plan) {
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
-  const ModelPartition part =
-      pipeline_partition(m, placement_of(c), stage, p.tp, tp_rank, p.layers_per_stage);
+  const ModelPartition part = rank_partition(c, stage, tp_rank);
   const ParamLayout layout = gpt_param_layout(m, part);
   const double total = double(layout.total_floats());
   RankMemory r;
@@ -66,10 +65,8 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
     for (const ParamEntry& e : layout.entries())
       if (e.layer_norm) r.gradients += 4 * double(e.numel);
   if (be.compute != DType::F32) r.weight_copy = total * double(dtype_size(be.compute));
-  if (p.zero == 1 && p.dp > 1) {
-    const double shard = double((std::size_t(total) + std::size_t(p.dp) - 1) / std::size_t(p.dp));
-    r.optimizer = 2 * 4 * shard;
-    r.zero_buffers = 4 * shard * (p.dp + 1);
+  if (p.zero == 1 && p.dp > 1) {  // a block of every bucket; they split the padded arena evenly
+    r.optimizer = 2 * 4 * total / p.dp;
     if (!c.checkpoint.dir.empty()) r.checkpoint_gather = 4 * total;
   } else {
     r.optimizer = 2 * 4 * total;

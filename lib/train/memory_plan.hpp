@@ -20,13 +20,12 @@ struct BackendTraits {
 struct RankMemory {
   int stage = 0, tp_rank = 0;
   double weights = 0, gradients = 0, weight_copy = 0, optimizer = 0;
-  double zero_buffers = 0;       // ZeRO-1's padded gradient and shard buffers
   double checkpoint_gather = 0;  // ZeRO-1: the whole moment gathered while saving
   double activations = 0;        // the sets and lent parts at their schedule peaks
   double workspace = 0;          // the model's shared activation workspace
   double total() const {
-    return weights + gradients + weight_copy + optimizer + zero_buffers + checkpoint_gather +
-           activations + workspace;
+    return weights + gradients + weight_copy + optimizer + checkpoint_gather + activations +
+           workspace;
   }
 };
 

@@ -49,7 +49,6 @@ std::string describe_plan_json(const Config& c) {
         {"gradients", to_mib(r.gradients)},
         {"weight_copy", to_mib(r.weight_copy)},
         {"optimizer", to_mib(r.optimizer)},
-        {"zero_buffers", to_mib(r.zero_buffers)},
         {"checkpoint_gather", to_mib(r.checkpoint_gather)},
         {"activations", to_mib(r.activations)},
         {"workspace", to_mib(r.workspace)}}},
@@ -106,13 +105,12 @@ std::string describe_plan(const Config& c) {
                                                   c.train.recompute_layers)
                                     : std::string()));
   line("peak memory", fmt::format("{} predicted on the heaviest rank (stage {}, tp rank {}): "
-                                  "weights {}, gradients {}{}, optimizer state {}{}{}, "
+                                  "weights {}, gradients {}{}, optimizer state {}{}, "
                                   "activations {}, workspace {}",
                                   mib(r.total()), r.stage, r.tp_rank, mib(r.weights),
                                   mib(r.gradients),
                                   r.weight_copy > 0 ? ", bf16 copy " + mib(r.weight_copy) : "",
                                   mib(r.optimizer),
-                                  r.zero_buffers > 0 ? ", ZeRO buffers " + mib(r.zero_buffers) : "",
                                   r.checkpoint_gather > 0
                                       ? ", gathered while saving " + mib(r.checkpoint_gather)
                                       : "",

@@ -1,5 +1,7 @@
 #include "train/session.hpp"
 
+#include "train/grad_buckets.hpp"
+
 #include <algorithm>
 
 #include "checkpoint/checkpoint.hpp"
@@ -48,6 +50,13 @@ void check_schedule(const Config& c) {
 Placement placement_of(const Config& c) {
   return schedule_placement(c.parallel.schedule, c.parallel.pp,
                             c.parallel.virtual_stages);
+}
+
+ModelPartition rank_partition(const Config& c, int stage, int tp_rank) {
+  ModelPartition part = pipeline_partition(c.model, placement_of(c), stage, c.parallel.tp, tp_rank,
+                                           c.parallel.layers_per_stage);
+  part.group_floats = group_floats(c.parallel);
+  return part;
 }
 
 MessageMode message_mode(const Config& c, bool device_memory) {
@@ -108,8 +117,7 @@ Session::Session(const Config& config)
       coord(grid.coord(rank)),
       ops(make_rank_backend(config, grid, comms)),
       model(config.model, config.parallel.micro_batch_size, *ops,
-            pipeline_partition(config.model, placement_of(config), coord.pp, grid.tp(), coord.tp,
-                               config.parallel.layers_per_stage),
+            rank_partition(config, coord.pp, coord.tp),
             comms.tp_for_model(), activation_policy(config)),
       executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,

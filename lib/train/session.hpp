@@ -31,6 +31,9 @@ void check_schedule(const Config& config);
 // Where the config's schedule puts the virtual stages, and the rank grid that follows
 // (its embedding groups join the first stage to the head's stage).
 Placement placement_of(const Config& config);
+// The part of the model, and its arena's padding, of pipeline stage `stage` and tensor
+// rank `tp_rank`.
+ModelPartition rank_partition(const Config& config, int stage, int tp_rank);
 RankGrid make_grid(const Config& config);
 // How pipeline messages travel (parallel.message_mode): auto is grouped batches on a
 // device (NCCL holds a stream until a send is received) and sends in the background on

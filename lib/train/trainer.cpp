@@ -156,7 +156,7 @@ RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
       data_(TrainData::open(cfg_.data, cfg_.model, cfg_.train.seed)),
       val_(load_validation_tokens(cfg_.data, cfg_.model, cfg_.train.seed)),
       sync_(s),
-      opt_(*s.ops, s.model.layout(), cfg_.train, sync_.begin(), sync_.end()),
+      opt_(*s.ops, s.model.layout(), cfg_.train, sync_.ranges()),
       mode_(message_mode(cfg_, s.ops->device_memory())),
       pipeline_steps_(s.executor.all_steps()),
       bubble_theory_(theoretical_bubble(cfg_.parallel.schedule, cfg_.parallel.pp,
@@ -268,8 +268,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     }
   };
   sync_.start_step();
-  s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(),
-                         [&](int c) { sync_.chunk_done(c); }, [&] { sync_.progress(); });
+  s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(), sync_.hooks());
   const std::size_t comm_begin = ops.mark();
   sync_.finish(cfg_.train.grad_clip);
   const std::size_t comm_end = ops.mark();

@@ -104,6 +104,8 @@ const BadCase kBadCases[] = {
     {"zero_needs_dp", "parallel:\n  zero: 1\n", {}, "x.yaml:2", "parallel.zero: 1 shards"},
     {"timeout_0", "parallel:\n  comm_timeout_s: 0\n", {}, "x.yaml:2",
      "parallel.comm_timeout_s: must be > 0"},
+    {"bucket_0", "parallel:\n  grad_bucket_mib: 0\n", {}, "x.yaml:2",
+     "parallel.grad_bucket_mib: must be > 0"},
     {"dp_0", "parallel:\n  dp: 0\n", {}, "x.yaml:2", "parallel.dp: must be >= 1 (got 0)"},
     {"micro_batches_0", "parallel:\n  micro_batches: 0\n", {}, "x.yaml:2", "must be >= 1"},
     {"mbs_0", "parallel:\n  micro_batch_size: 0\n", {}, "x.yaml:2", "must be >= 1"},

@@ -36,7 +36,7 @@ TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
   }
   AdamW whole(cpu(), layout, t);
   const size_t cut = n / 3 + 5;  // a cut inside a tensor
-  AdamW first(cpu(), layout, t, 0, cut), second(cpu(), layout, t, cut, n);
+  AdamW first(cpu(), layout, t, {{0, cut}}), second(cpu(), layout, t, {{cut, n}});
   for (int step = 1; step <= 3; ++step) {
     whole.step(p_whole.data(), nullptr, g.data(), 1e-2f, 0.5f, step);
     first.step(p_shard.data(), nullptr, g.data(), 1e-2f, 0.5f, step);
