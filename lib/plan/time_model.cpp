@@ -7,6 +7,7 @@
 #include "model/param_layout.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
+#include "train/grad_buckets.hpp"
 #include "train/session.hpp"
 
 namespace pptrain {
@@ -206,27 +207,38 @@ std::vector<StageCosts> virtual_stage_costs(const Config& cfg, const Shape& s) {
 }
 
 // What follows the schedule: the exposed data-parallel and tied-embedding reductions,
-// and the optimizer step, into r.
-void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s, StepPrediction& r) {
+// and the optimizer step, into r. `costs`: each virtual stage's per-micro-batch costs.
+void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
+                    const std::vector<StageCosts>& costs, StepPrediction& r) {
   const auto& p = cfg.parallel;
-  const ModelConfig& m = cfg.model;
   const DeviceSpec& d = cluster.device;
   const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
   const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
   const Placement placement = placement_of(cfg);
-  // The heaviest stage's parameters: its gradients are reduced over dp.
+  const double bucket = 4 * double(bucket_floats(p));
+  // A gradient reduction (reduce-scatter under ZeRO-1) of `bytes`.
+  const auto reduce = [&](double bytes) {
+    return p.zero == 1 ? gather_seconds(dp_link, bytes, p.dp) : all_reduce_seconds(dp_link, bytes, p.dp);
+  };
+  // Per stage: its gradients' reduction, less what the last micro-batch's backward hides
+  // (GradSync starts each bucket once its layer is done), but never less than what starts
+  // only at the end: the lowest bucket, and a first stage's embedding bucket. ZeRO-1's
+  // parameter all-gather runs beside the update, bucket by bucket.
   double params = 0;
-  for (int stage = 0; stage < p.pp; ++stage) {
-    const ModelPartition part = pipeline_partition(m, placement, stage, p.tp, 0, p.layers_per_stage);
-    params = std::max(params, double(gpt_param_layout(m, part).total_floats()));
-  }
-  const double grad_bytes = 4 * params;
   r.dp_exposed_s = 0;
-  if (p.dp > 1) {
-    // Buckets per chunk overlap the rest of the backward; the last one does not. ZeRO-1
-    // reduce-scatters after the schedule and all-gathers the updated parameters.
-    r.dp_exposed_s = p.zero == 1 ? 2 * gather_seconds(dp_link, grad_bytes, p.dp)
-                                 : all_reduce_seconds(dp_link, grad_bytes / p.virtual_stages, p.dp);
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const ModelPartition part = rank_partition(cfg, stage, 0);
+    const double floats = double(gpt_param_layout(cfg.model, part).total_floats());
+    params = std::max(params, floats);
+    if (p.dp == 1) continue;
+    double hidden = 0, tail = bucket;
+    for (int c = 0; c < placement.chunks(); ++c) {
+      const StageCosts& k = costs[size_t(placement.virtual_stage(stage, c))];
+      hidden += k.backward_input + k.backward_weight;
+      if (part.chunks[size_t(c)].first) tail += 4 * (s.V / s.t * s.C + s.T * s.C);
+    }
+    const double all = reduce(4 * floats), last = reduce(std::min(tail, 4 * floats));
+    r.dp_exposed_s = std::max(r.dp_exposed_s, p.overlap ? std::max(all - hidden, last) : all);
   }
   if (p.pp > 1 && placement.head_stage() != 0) {  // the tied embedding's two copies
     const double wte = s.V / s.t * s.C * 4;
@@ -236,6 +248,12 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s, S
   const double shard = p.zero == 1 ? params / p.dp : params;
   r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
                   2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
+  if (p.zero == 1 && p.dp > 1) {
+    const double gather = gather_seconds(dp_link, 4 * params, p.dp);
+    r.dp_exposed_s += p.overlap ? std::max(gather - r.optimizer_s,
+                                           gather_seconds(dp_link, std::min(bucket, 4 * params), p.dp))
+                                : gather;
+  }
 }
 
 }  // namespace
@@ -270,7 +288,7 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster,
     const StageCosts& k = costs[size_t(placement.virtual_stage(0, c))];
     r.first_stage = r.first_stage + k;
   }
-  after_schedule(cfg, cluster, s, r);
+  after_schedule(cfg, cluster, s, costs, r);
   r.step_time_s = r.pipeline_s + r.dp_exposed_s + r.optimizer_s;
   return r;
 }
@@ -291,7 +309,7 @@ double step_time_lower_bound(const Config& cfg, const Cluster& cluster) {
     busiest = std::max(busiest, busy);
   }
   StepPrediction r;
-  after_schedule(cfg, cluster, s, r);
+  after_schedule(cfg, cluster, s, costs, r);
   return busiest + r.dp_exposed_s + r.optimizer_s;
 }
 

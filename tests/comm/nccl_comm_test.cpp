@@ -164,6 +164,18 @@ TEST_F(NcclOneRank, Broadcast) {
   EXPECT_THROW(dev().embedding->broadcast(a.get(), kValues.size(), 1), std::logic_error);
 }
 
+TEST_F(NcclOneRank, InPlaceBucketCollectivesKeepTheValues) {
+  const std::size_t n = kValues.size();
+  DeviceArray<float> src(kValues), a(std::vector<float>(n, 0.0f));
+  ASSERT_EQ(cudaMemcpyAsync(a.get(), src.get(), src.bytes(), cudaMemcpyDeviceToDevice, stream_),
+            cudaSuccess);
+  auto rs = dev().dp->reduce_scatter_start(a.get(), n);
+  rs->wait_in_queue();
+  auto ag = dev().dp->all_gather_start(a.get(), n);
+  ag->wait_in_queue();
+  EXPECT_EQ(a.read(stream_), kValues);
+}
+
 TEST_F(NcclOneRank, AllReduceStartWaitsOnTheSideStream) {
   const std::size_t n = kValues.size();
   DeviceArray<float> src(kValues), a(std::vector<float>(n, 0.0f));

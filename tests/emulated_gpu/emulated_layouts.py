@@ -10,7 +10,8 @@ interleave differently from run to run, and every step of every layout must wait
 the device exactly once (device_syncs: at its end, for its loss and norm). Then:
 - stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
   dropped in turn, makes a dp2 run wrong or fail for some stream seed;
-- overlap: dp2 and (2,2,2) with parallel.overlap: false give the same bits as with it;
+- overlap: dp2, (2,2,2) and two ZeRO-1 layouts with buckets smaller than a layer give
+  the same bits with parallel.overlap: false as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
@@ -42,6 +43,12 @@ LAYOUTS = {
     "pp2_zb_v": (1, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     "dp2": (1, 1, 2, 2, []),
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
+    # Buckets of 0.02 MiB cut every layer into pieces; ZeRO-1 reduce-scatters and
+    # all-gathers them in place on the communication stream, beside compute.
+    "dp2_zero1_buckets": (1, 1, 2, 2, ["parallel.zero=1", "parallel.grad_bucket_mib=0.02"]),
+    "pp2_dp2_interleaved_zero1_buckets": (1, 2, 2, 2, ["parallel.schedule=interleaved",
+                                                       "parallel.virtual_stages=2", "parallel.zero=1",
+                                                       "parallel.grad_bucket_mib=0.02"]),
     "tp2_pp2_dp2": (2, 2, 2, 2, []),
     "tp2_sp": (2, 1, 1, 4, SP),
     "pp2_full_recompute": (1, 2, 1, 4, ["train.recompute=full"]),
@@ -173,7 +180,7 @@ def check_dropped_waits(work, failures, reference):
 
 def check_overlap(work, failures):
     """parallel.overlap: false reduces after the backward pass: the same bits."""
-    for name in ("dp2", "tp2_pp2_dp2"):
+    for name in ("dp2", "tp2_pp2_dp2", "dp2_zero1_buckets", "pp2_dp2_interleaved_zero1_buckets"):
         tp, pp, dp, mb, extra = LAYOUTS[name]
         sets = settings(tp, pp, dp, mb, extra) + ["device=cuda", "train.precision=fp32"]
         on, _ = run(EMULATED, work, name + "_overlap_on", sets, seed=11)

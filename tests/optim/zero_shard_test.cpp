@@ -50,5 +50,37 @@ TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
   EXPECT_NEAR(parts, grad_square_sum(cpu(), layout, g.data(), all), 1e-9 * parts);
 }
 
+// ZeRO's blocks: several ranges per rank, one rank's interleaved with another's; the
+// moments of each range follow each other.
+TEST(AdamWShards, RangesOfSeveralBucketsMatchTheWholeArena) {
+  ModelConfig m;
+  m.n_layer = 2;
+  m.d_model = 16;
+  m.n_head = 2;
+  m.seq_len = 8;
+  m.vocab_size = 50;
+  const ParamLayout layout = gpt_param_layout(m);
+  TrainConfig t;
+  const size_t n = layout.total_floats(), a = n / 5, b = n / 2, c = 3 * n / 4;
+  std::vector<float> p_whole(n), p_shard(n), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    p_whole[i] = p_shard[i] = float(standard_normal(hash_words(3, i)));
+    g[i] = float(standard_normal(hash_words(4, i)));
+  }
+  AdamW whole(cpu(), layout, t);
+  AdamW even(cpu(), layout, t, {{0, a}, {b, c}}), odd(cpu(), layout, t, {{a, b}, {c, n}});
+  EXPECT_EQ(even.size(), a + (c - b));
+  EXPECT_EQ(odd.moment_offset(1), b - a);
+  for (int step = 1; step <= 3; ++step) {
+    whole.step(p_whole.data(), nullptr, g.data(), 1e-2f, 1.0f, step);
+    even.step(p_shard.data(), nullptr, g.data(), 1e-2f, 1.0f, step);
+    odd.step_range(1, p_shard.data(), nullptr, g.data(), 1e-2f, 1.0f, step);
+    odd.step_range(0, p_shard.data(), nullptr, g.data(), 1e-2f, 1.0f, step);
+  }
+  EXPECT_EQ(p_whole, p_shard);
+  EXPECT_EQ(whole.exp_avg_sq()[c + 2], odd.exp_avg_sq()[odd.moment_offset(1) + 2]);
+  EXPECT_EQ(whole.exp_avg()[b + 1], even.exp_avg()[even.moment_offset(1) + 1]);
+}
+
 }  // namespace
 }  // namespace pptrain

@@ -11,7 +11,8 @@ mode and some in the grouped one GPUs use, and Open MPI's eager limits are force
 so that no message is buffered: a schedule that could deadlock does.
 Activation recomputation (selective and full, on all or some layers) runs in several of
 these layouts and must give that layout's losses bit for bit, as must parallel.overlap:
-false (gradient reductions after the backward pass). Sequence parallelism runs in
+false (gradient reductions after the backward pass, also with buckets smaller than a
+layer and ZeRO-1). Sequence parallelism runs in
 every tensor-parallel layout and schedule, with and without recomputation, and must give
 that layout's losses and gradient norms within 1e-6 relative at every step (only sums are
 reordered); its checkpoints resume without it and the other way round.
@@ -56,6 +57,15 @@ LAYOUTS = {
     "pp2_m3": (1, 2, 1, 3, []),  # m not a multiple of pp: against a single run of 3
     "dp2_zero1": (1, 1, 2, 2, ["parallel.zero=1"]),
     "tp2_pp2_dp2_zero1": (2, 2, 2, 2, ["parallel.zero=1"]),
+    # Gradient buckets smaller than a layer (0.3 MiB: layers cut into pieces), reduced as
+    # each piece's layer is done, in the B+W and the split-W schedules, with ZeRO-1's
+    # in-place reduce-scatter and all-gather and a tied embedding across stages.
+    "dp2_buckets": (1, 1, 2, 2, ["parallel.grad_bucket_mib=0.3"]),
+    "pp2_dp2_interleaved_zero1_buckets": (1, 2, 2, 2, ["parallel.schedule=interleaved",
+                                                       "parallel.virtual_stages=2", "parallel.zero=1",
+                                                       "parallel.grad_bucket_mib=0.3"]),
+    "tp2_pp2_dp2_zb_v_zero1_buckets": (2, 2, 2, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                                                    "parallel.zero=1", "parallel.grad_bucket_mib=0.3"]),
 }
 # Recomputation: (the layout it must equal bit for bit, overrides).
 RECOMPUTE_CASES = {
@@ -71,6 +81,10 @@ RECOMPUTE_CASES = {
     # Gradient reductions after the backward instead of during it: the same sums.
     "dp2_no_overlap": ("dp2", ["parallel.overlap=false"]),
     "tp2_pp2_dp2_no_overlap": ("tp2_pp2_dp2", ["parallel.overlap=false"]),
+    "pp2_dp2_interleaved_zero1_buckets_no_overlap": ("pp2_dp2_interleaved_zero1_buckets",
+                                                     ["parallel.overlap=false"]),
+    "tp2_pp2_dp2_zb_v_zero1_buckets_no_overlap": ("tp2_pp2_dp2_zb_v_zero1_buckets",
+                                                  ["parallel.overlap=false"]),
 }
 # Sequence parallelism: (the layout it must equal within 1e-6, overrides).
 SP = ["parallel.sequence_parallel=true"]
@@ -80,6 +94,7 @@ SP_CASES = {
     "tp2_pp2_dp2_sp": ("tp2_pp2_dp2", SP),
     "tp2_pp2_dp2_zb_v_sp": ("tp2_pp2_dp2_zb_v", SP),
     "tp2_pp2_dp2_zero1_sp": ("tp2_pp2_dp2_zero1", SP),
+    "tp2_pp2_dp2_zb_v_zero1_buckets_sp": ("tp2_pp2_dp2_zb_v_zero1_buckets", SP),
     "tp2_pp2_interleaved_sp": ("tp2_pp2_interleaved", SP),
     "tp2_pp2_zb_h1_grouped_sp": ("tp2_pp2_zb_h1_grouped", SP),
     "tp2_pp2_gpipe_sp": ("tp2_pp2_gpipe", SP),
