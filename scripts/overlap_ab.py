@@ -25,14 +25,19 @@ TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 MODEL = ["model.n_layer=4", "model.n_head=4", "model.d_model=256", "model.seq_len=128",
          "model.vocab_size=4096", "parallel.micro_batch_size=4", "parallel.micro_batches=4",
          "train.threads=1", "train.eval_every=0", "checkpoint.dir=", "logging.every=1"]
-LAYOUTS = {"dp2": (1, 1, 2), "pp2_dp2": (1, 2, 2), "tp2_pp2_dp2": (2, 2, 2)}
+# name: (tp, pp, dp, overrides); 1 MiB buckets cut the 10 MB of gradients into about ten.
+LAYOUTS = {"dp2": (1, 1, 2, []), "pp2_dp2": (1, 2, 2, []), "tp2_pp2_dp2": (2, 2, 2, []),
+           "dp2_1mib": (1, 1, 2, ["parallel.grad_bucket_mib=1"]),
+           "dp2_zero1": (1, 1, 2, ["parallel.zero=1"]),
+           "dp2_zero1_1mib": (1, 1, 2, ["parallel.zero=1", "parallel.grad_bucket_mib=1"]),
+           "pp2_dp2_zero1_1mib": (1, 2, 2, ["parallel.zero=1", "parallel.grad_bucket_mib=1"])}
 
 
-def run(tp, pp, dp, overlap, steps, work):
+def run(tp, pp, dp, extra, overlap, steps, work):
     metrics = os.path.join(work, f"m_{tp}{pp}{dp}_{overlap}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    sets = MODEL + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+    sets = MODEL + extra + [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
                     f"parallel.overlap={str(overlap).lower()}", f"train.steps={steps}",
                     f"logging.metrics={metrics}"]
     argv = [PPTRAIN, "--config", TINY]
@@ -55,18 +60,18 @@ def main():
     env_note = os.environ.get("OMPI_MCA_btl_vader_eager_limit", "default")
     print(f"rounds {args.rounds}, steps {args.steps} (medians of steps 3..), "
           f"vader eager limit {env_note}")
-    print(f"{'layout':12} {'step on s':>10} {'step off s':>10} {'on/off':>7} "
+    print(f"{'layout':20} {'step on s':>10} {'step off s':>10} {'on/off':>7} "
           f"{'comm on s':>10} {'comm off s':>10}")
     with tempfile.TemporaryDirectory() as work:
         for name in args.only:
-            tp, pp, dp = LAYOUTS[name]
+            tp, pp, dp, extra = LAYOUTS[name]
             got = {True: [], False: []}
             for _ in range(args.rounds):
                 for overlap in (True, False):
-                    got[overlap].append(run(tp, pp, dp, overlap, args.steps, work))
+                    got[overlap].append(run(tp, pp, dp, extra, overlap, args.steps, work))
             step = {k: statistics.median(v[0] for v in got[k]) for k in got}
             comm = {k: statistics.median(v[1] for v in got[k]) for k in got}
-            print(f"{name:12} {step[True]:10.4f} {step[False]:10.4f} "
+            print(f"{name:20} {step[True]:10.4f} {step[False]:10.4f} "
                   f"{step[True] / step[False]:7.3f} {comm[True]:10.4f} {comm[False]:10.4f}",
                   flush=True)
 

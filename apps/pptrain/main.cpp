@@ -25,9 +25,11 @@
 #include "core/stop_signal.hpp"
 #include "ops/cpu/blas_kernels.hpp"
 #include "plan/calibrate.hpp"
+#include "plan/memory_fixes.hpp"
 #include "plan/planner.hpp"
 #include "plan/time_model.hpp"
 #include "topology/rank_grid.hpp"
+#include "train/memory_check.hpp"
 #include "train/session.hpp"
 #include "train/trainer.hpp"
 
@@ -170,13 +172,14 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   pptrain::setup_logging("info");
   if (export_cmd->parsed()) return export_checkpoint_to_hf(export_checkpoint, export_out);
   pptrain::comm::LaunchInfo launch;
+  pptrain::Config config;
   try {
     launch = pptrain::comm::detect_launcher();
     pptrain::comm::exit_with_launcher(launch);
     if (plan_cmd->parsed() && calibrate) return calibrate_cluster(calibrate_out, launch, argc, argv);
     if (plan_cmd->parsed() && cluster_path.empty())
       throw pptrain::InputError("plan: --cluster is required (or --calibrate --out FILE)");
-    pptrain::Config config = load(opts);
+    config = load(opts);
     setup_rank_logging(config, launch);
     if (config.parallel.layers_per_stage.automatic) {
       pptrain::resolve_layer_split(config);
@@ -229,6 +232,14 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
       if (r.stopped_by_signal) return pptrain::kExitPreempted;
     }
     return pptrain::kExitOk;
+  } catch (const pptrain::MemoryDoesNotFit& e) {
+    // Every rank got the same verdict; rank 0 says it, with what would fit.
+    if (launch.rank == 0) {
+      const auto fixes = pptrain::memory_fixes(config, pptrain::runs_on_cuda(config), e.available);
+      std::fprintf(stderr, "pptrain: error: %s%s; or --set train.memory_check=warn\n", e.what(),
+                   pptrain::describe_fixes(fixes).c_str());
+    }
+    return pptrain::kExitBadInput;
   } catch (const pptrain::InputError& e) {
     std::fprintf(stderr, "pptrain: error: %s\n", e.what());
     return pptrain::kExitBadInput;

@@ -92,19 +92,47 @@ std::string self_executable(const char* argv0) {
   return ec ? std::string(argv0) : exe.string();
 }
 
+// Slurm's tasks per node, "4(x2),3" (nodes 0 and 1 run 4, node 2 runs 3): node `node`'s
+// count, or 0 when the text does not say.
+int slurm_tasks_on_node(const std::string& text, int node) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    int tasks = 0, repeat = 1;
+    auto [p, ec] = std::from_chars(text.data() + at, text.data() + text.size(), tasks);
+    if (ec != std::errc()) return 0;
+    at = std::size_t(p - text.data());
+    if (text.compare(at, 2, "(x") == 0) {
+      auto [q, ec2] = std::from_chars(text.data() + at + 2, text.data() + text.size(), repeat);
+      if (ec2 != std::errc() || q == text.data() + text.size() || *q != ')') return 0;
+      at = std::size_t(q - text.data()) + 1;
+    }
+    if (node < repeat) return tasks;
+    node -= repeat;
+    if (at < text.size() && text[at] != ',') return 0;
+    ++at;
+  }
+  return 0;
+}
+
 }  // namespace
 
 LaunchInfo detect_launcher() {
   LaunchInfo info;
   if (auto rank = env_int("OMPI_COMM_WORLD_RANK"); rank && env("OMPI_COMM_WORLD_SIZE"))
+  {
     info = make_info("openmpi", "OMPI_COMM_WORLD_RANK", *rank, env_int("OMPI_COMM_WORLD_SIZE"),
                      env_int("OMPI_COMM_WORLD_LOCAL_RANK"));
-  else if (auto procid = env_int("SLURM_PROCID"); procid && env("SLURM_STEP_ID")) {
+    info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(0);
+  } else if (auto procid = env_int("SLURM_PROCID"); procid && env("SLURM_STEP_ID")) {
     auto size = env_int("SLURM_STEP_NUM_TASKS");
     if (!size) size = env_int("SLURM_NTASKS");
     info = make_info("slurm", "SLURM_PROCID", *procid, size, env_int("SLURM_LOCALID"));
-  } else if (auto pmix = env_int("PMIX_RANK"))
+    info.local_size = slurm_tasks_on_node(env("SLURM_STEP_TASKS_PER_NODE").value_or(""),
+                                          env_int("SLURM_NODEID").value_or(0));
+  } else if (auto pmix = env_int("PMIX_RANK")) {
     info = make_info("pmix", "PMIX_RANK", *pmix, std::nullopt, std::nullopt);
+    info.local_size = env_int("PMIX_LOCAL_SIZE").value_or(0);
+  }
   info.relaunched = env("PPTRAIN_LAUNCHED").value_or("") == "1";
   if (info.relaunched) info.relaunching_parent = env_int("PPTRAIN_PARENT_PID").value_or(0);
   return info;

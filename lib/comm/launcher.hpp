@@ -10,14 +10,16 @@ namespace pptrain::comm {
 struct LaunchInfo {
   bool under_launcher = false;
   int rank = 0, world_size = 1, local_rank = 0;  // world_size 0: unknown until MPI starts
+  int local_size = 1;  // ranks on this host (0: the launcher does not say)
   std::string launcher;     // "openmpi", "slurm", "pmix" or "" (none)
   bool relaunched = false;  // PPTRAIN_LAUNCHED=1: started by relaunch_under_mpirun
   int relaunching_parent = 0;  // the pptrain that ran mpirun for us (PPTRAIN_PARENT_PID)
 };
 
-// Reads the environment: OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), then a Slurm
-// step started by srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS,
-// SLURM_LOCALID; SLURM_STEP_ID must be set, so a bare batch script is not a launch),
+// Reads the environment: OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), then
+// a Slurm step started by srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS,
+// SLURM_LOCALID, this node's entry of SLURM_STEP_TASKS_PER_NODE such as "4(x2),3";
+// SLURM_STEP_ID must be set, so a bare batch script is not a launch),
 // then PMIx alone (PMIX_RANK; the size is then unknown). Throws InputError naming the
 // variable when a value is not a non-negative integer or the rank is out of range.
 LaunchInfo detect_launcher();

@@ -20,6 +20,7 @@ enum class Precision { Auto, BF16, FP32 };
 enum class Attention { Auto, Unfused, Fused };
 enum class Recompute { None, Selective, Full };
 enum class OnNonfinite { Stop, Skip };
+enum class MemoryCheck { Error, Warn, Off };
 enum class LrSchedule { Cosine, Linear, Constant };
 enum class DataSource { Synthetic, Text, Llmc, NanoGpt };
 enum class LogLevel { Debug, Info, Warn, Error };
@@ -50,6 +51,10 @@ struct ChoiceNames<Recompute> {
 template <>
 struct ChoiceNames<OnNonfinite> {
   static constexpr std::string_view names[] = {"stop", "skip"};
+};
+template <>
+struct ChoiceNames<MemoryCheck> {
+  static constexpr std::string_view names[] = {"error", "warn", "off"};
 };
 template <>
 struct ChoiceNames<LrSchedule> {

@@ -77,6 +77,8 @@ struct TrainConfig {
   int threads = 0;       // CPU threads for GEMMs; 0: all cores
   OnNonfinite on_nonfinite = OnNonfinite::Stop;  // what a non-finite loss/grad norm does
   int max_nonfinite = 5;              // skip: stop after this many such steps in a row
+  // A run whose predicted peak memory exceeds what the rank has: refused, warned, or run.
+  MemoryCheck memory_check = MemoryCheck::Error;
   // Activations and weight copy: auto (bf16 on CUDA, fp32 on the CPU) | bf16 | fp32.
   Precision precision = Precision::Auto;
   double peak_tflops = 0;  // MFU denominator per GPU; 0: the device's dense bf16 peak

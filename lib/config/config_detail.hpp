@@ -18,7 +18,7 @@ namespace pptrain::config_detail {
 // A pointer to the Config member a key decodes into; its type selects the decoder.
 using FieldRef = std::variant<bool*, int*, uint64_t*, double*, std::string*, std::vector<int>*,
                               std::vector<double>*, std::vector<std::string>*, LayerSplit*, ScheduleKind*, MessageModeChoice*,
-                              Precision*, Attention*, Recompute*, OnNonfinite*, LrSchedule*,
+                              Precision*, Attention*, Recompute*, OnNonfinite*, MemoryCheck*, LrSchedule*,
                               DataSource*, LogLevel*, Device*>;
 
 // One known key. `section` is empty for top-level scalars (only `device`).

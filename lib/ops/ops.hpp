@@ -67,6 +67,9 @@ class Ops {
   virtual std::string name() const = 0;     // e.g. "cpu (fp32, OpenBLAS, 2 threads)"
   virtual DType compute_dtype() const = 0;  // element type of Act arrays
   virtual bool device_memory() const = 0;   // true: pointers are not host-readable
+  // Device memory free now (bytes), for a backend whose memory is its own device's;
+  // 0 on the CPU, whose memory is the host's (train/memory_check.hpp reads that).
+  virtual std::size_t device_memory_free() const { return 0; }
   // 256-byte aligned backend memory with undefined contents; deallocate() frees it.
   virtual void* allocate(std::size_t bytes) = 0;
   // The same, all zero: for the long-lived arenas (parameters, gradients, optimizer

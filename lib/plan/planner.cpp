@@ -95,10 +95,7 @@ void predict(const Config& base, const Cluster& cluster, PlanRow& r, StepsCache&
              bool only_if_fits = false) {
   const Config c = with_row(base, r, cluster);
   const auto& steps = cache.steps(c, cluster);
-  BackendTraits traits;
-  traits.compute = cluster.device.cpu ? DType::F32 : DType::BF16;
-  traits.logsumexp_attention = uses_fused_attention(c.train, !cluster.device.cpu);
-  const RankMemory mem = predict_peak_memory(c, traits, steps);
+  const RankMemory mem = predict_peak_memory(c, backend_traits(c, !cluster.device.cpu), steps);
   r.peak_memory_mib = mem.total() / (1024.0 * 1024.0);
   r.fits = r.peak_memory_mib <= (cluster.device.memory_gib - cluster.device.reserved_gib) * 1024.0;
   if (only_if_fits && !r.fits) return;

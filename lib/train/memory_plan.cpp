@@ -109,9 +109,12 @@ RankMemory heaviest_rank(const Config& c, const BackendTraits& be, const Planned
 
 }  // namespace
 
-RankMemory predict_rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be) {
-  const auto steps = run_steps(c, be);
-  return rank_memory(c, stage, tp_rank, be, planned_steps(c, be, steps));
+BackendTraits backend_traits(const Config& c, bool cuda) {
+  BackendTraits t;
+  t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
+  t.logsumexp_attention =
+      uses_fused_attention(c.train, cuda) && (!cuda || t.compute == DType::BF16);
+  return t;
 }
 
 RankMemory predict_peak_memory(const Config& c, const BackendTraits& be) {

@@ -32,9 +32,10 @@ struct RankMemory {
 // The activation table's sizes for one micro-batch of a tensor-parallel shard.
 ActivationShape activation_shape(const Config& config, const BackendTraits& backend);
 
-// Data-parallel rank 0 of (stage, tp_rank).
-RankMemory predict_rank_memory(const Config& config, int stage, int tp_rank,
-                               const BackendTraits& backend);
+// The backend a run of `config` gets: on CUDA (`cuda`: runs_on_cuda, or a GPU cluster)
+// bf16 unless train.precision is fp32, the fused attention's log-sum-exp where it runs
+// (on CUDA only in bf16); fp32 on the CPU.
+BackendTraits backend_traits(const Config& config, bool cuda);
 // The heaviest rank's.
 RankMemory predict_peak_memory(const Config& config, const BackendTraits& backend);
 // The same with the steps every stage runs already built (build_all_steps for the

@@ -16,17 +16,6 @@ namespace pptrain {
 
 namespace {
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0)); }
-}  // namespace
-
-namespace {
-// The backend the run would get on this machine, as the memory plan needs it.
-BackendTraits backend_traits(const Config& c, bool cuda) {
-  BackendTraits t;
-  t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
-  t.logsumexp_attention =
-      uses_fused_attention(c.train, cuda) && (!cuda || t.compute == DType::BF16);
-  return t;
-}
 double to_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 }  // namespace
 
@@ -139,7 +128,7 @@ std::string describe_plan(const Config& c) {
                              cuda ? "cuda" : "cpu",
                              cuda ? fmt::format(" ({} GPU(s) visible here)", gpus) : "",
                              dtype_name(act_type),
-                             uses_fused_attention(c.train, cuda) ? ", fused attention" : ""));
+                             traits.logsumexp_attention ? ", fused attention" : ""));
   out += "activations  one micro-batch's buffers (a layer, then the head), as kept under this "
          "config:\n" + describe_activation_table(activation_shape(c, traits), activation_policy(c));
   return out;

@@ -1,6 +1,5 @@
 #include "train/session.hpp"
 
-#include "train/grad_buckets.hpp"
 
 #include <algorithm>
 
@@ -10,6 +9,8 @@
 #include "core/error.hpp"
 #include "data/dataset.hpp"
 #include "pipeline/schedule.hpp"
+#include "train/grad_buckets.hpp"
+#include "train/memory_check.hpp"
 
 namespace pptrain {
 
@@ -100,11 +101,14 @@ comm::Comms make_comms(const Config& c, const RankGrid& grid) {
 
 // The backend on this rank's device; a multi-rank run on GPUs also gets its NCCL
 // communicators here (they need the device chosen first).
+// Then, before anything of the model is allocated, the memory check.
 std::unique_ptr<ops::Ops> make_rank_backend(const Config& c, const RankGrid& grid,
                                             comm::Comms& comms) {
-  auto ops = make_backend(c, comm::detect_launcher().local_rank);
+  const comm::LaunchInfo launch = comm::detect_launcher();
+  auto ops = make_backend(c, launch.local_rank);
   if (ops->device_memory() && grid.world_size() > 1)
     comm::add_nccl_comms(comms, grid, ops->native_stream(), ops->host_waits());
+  check_memory(c, comms, *ops, launch.under_launcher ? launch.local_size : 1);
   return ops;
 }
 }  // namespace

@@ -48,7 +48,8 @@ class ScopedEnv {
       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
       "SLURM_PROCID",         "SLURM_NTASKS",         "SLURM_STEP_NUM_TASKS",
       "SLURM_LOCALID",        "SLURM_STEP_ID",        "PMIX_RANK",
-      "PPTRAIN_LAUNCHED"};
+      "PPTRAIN_LAUNCHED",     "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE",
+      "SLURM_NODEID",         "PMIX_LOCAL_SIZE"};
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
@@ -65,14 +66,15 @@ TEST(DetectLauncher, NoneWhenNothingIsSet) {
 
 TEST(DetectLauncher, OpenMpi) {
   ScopedEnv env({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"PMIX_RANK", "5"},
-                 {"PPTRAIN_LAUNCHED", "1"}});
+                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                 {"PMIX_RANK", "5"}, {"PPTRAIN_LAUNCHED", "1"}});
   LaunchInfo info = detect_launcher();
   EXPECT_TRUE(info.under_launcher);
   EXPECT_EQ(info.launcher, "openmpi");
   EXPECT_EQ(info.rank, 5);
   EXPECT_EQ(info.world_size, 8);
   EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_size, 4);
   EXPECT_TRUE(info.relaunched);
 }
 
@@ -86,6 +88,19 @@ TEST(DetectLauncher, SlurmStepPrefersStepTaskCount) {
   EXPECT_EQ(info.world_size, 4);
   EXPECT_EQ(info.local_rank, 3);
   EXPECT_FALSE(info.relaunched);
+}
+
+// The tasks on this node come from SLURM_STEP_TASKS_PER_NODE's entry for SLURM_NODEID.
+TEST(DetectLauncher, SlurmTasksOnThisNode) {
+  const std::pair<const char*, int> cases[] = {{"0", 4}, {"1", 4}, {"2", 3}, {"3", 0}};
+  for (const auto& [node, tasks] : cases) {
+    ScopedEnv env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "11"}, {"SLURM_STEP_ID", "0"},
+                   {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}, {"SLURM_NODEID", node}});
+    EXPECT_EQ(detect_launcher().local_size, tasks) << node;
+  }
+  ScopedEnv odd({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"},
+                 {"SLURM_STEP_TASKS_PER_NODE", "2(x"}});
+  EXPECT_EQ(detect_launcher().local_size, 0);  // unreadable: unknown
 }
 
 TEST(DetectLauncher, SlurmWithoutStepTaskCountUsesNtasks) {

@@ -14,6 +14,8 @@ the device exactly once (device_syncs: at its end, for its loss and norm). Then:
   the same bits with parallel.overlap: false as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout;
+- memory: on GPUs too small for the run, it is refused (exit 2, one line) or, with
+  train.memory_check: warn, warned about and run;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
   communicators and ends the job with exit 3, naming the rank, group and operation.
 Open MPI's eager limits are forced down, so no host message is buffered either.
@@ -262,6 +264,27 @@ def check_stalled_rank(work, failures):
         job.kill()
 
 
+def check_memory_check(work, failures):
+    """GPUs of 1 MiB: the run is refused before it allocates, with one line from rank 0
+    and exit 2; with train.memory_check: warn it says so and trains."""
+    tp, pp, dp, mb, extra = LAYOUTS["dp2"]
+    sets = settings(tp, pp, dp, mb, extra) + ["device=cuda"]
+    env = dict(ENV, PPTRAIN_EMULATED_GPU_MEMORY_GIB="0.001")
+    for mode, want_rc in (("error", 2), ("warn", 0)):
+        metrics = os.path.join(work, f"memory_{mode}.jsonl")
+        argv = [EMULATED, "--config", CONFIG] + jobs.overrides(
+            sets + [f"train.memory_check={mode}", f"logging.metrics={metrics}"])
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+        said = [l for l in (out.stdout + out.stderr).splitlines() if "train.memory_check" in l]
+        ok = out.returncode == want_rc and len(said) == 1 and "the emptiest GPU has 0.0 GiB free" in said[0]
+        if mode == "warn":
+            ok = ok and "starting anyway" in said[0] and os.path.exists(metrics)
+        print(f"{'memory_check ' + mode:28} exit {out.returncode}: {said[0][:90] if said else 'nothing said'}"
+              f"... -> {'ok' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            failures.append("memory_check " + mode)
+
+
 def main():
     global PPTRAIN, EMULATED, CONFIG
     PPTRAIN, EMULATED, CONFIG, work = sys.argv[1:5]
@@ -274,9 +297,10 @@ def main():
     check_overlap(work, failures)
     check_checkpoints(work, failures)
     check_stalled_rank(work, failures)
+    check_memory_check(work, failures)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 5} passed, "
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 7} passed, "
           "0 failed")
 
 

@@ -31,7 +31,7 @@ CLI_HINT = "Run with --help for more information."
 # Cases run on more than one rank: each rank prints the error line ("pptrain: ..."), and
 # Open MPI adds notices of its own (the MPI_ABORT banner, "mpirun detected ..."); here
 # every "pptrain:" line must be the documented one and the launcher's lines are ignored.
-MULTI_RANK = {"D13", "K14", "V02", "V03"}
+MULTI_RANK = {"C36", "D13", "K14", "V02", "V03"}
 
 # A small model every case starts from (file base.yaml in the case directory).
 BASE = """model: {n_layer: 2, n_head: 2, d_model: 32, seq_len: 16, vocab_size: 256}
@@ -114,6 +114,9 @@ def edit_step(path):
 
 STEP = f"ck/{CKPT_STEP}"
 TRAIN = ["--config", "base.yaml"]
+# GPT-3's 175B shape: 2.8 TB of fp32 weights, gradients and moments a rank, more than any
+# host has, even with every change the planner may suggest.
+HUGE = ["--set", "model.n_layer=96", "--set", "model.n_head=96", "--set", "model.d_model=12288"]
 CHECK = ["check-config", "--config", "base.yaml"]
 RESUME = ["--set", f"checkpoint.resume={STEP}", "--set", "checkpoint.dir=ck2"]
 # Under a launcher started by hand: "{mpi}" in a case's argv becomes this command.
@@ -177,6 +180,8 @@ CASES = [
     ("C27", [], TRAIN + ["--set", "parallel.message_mode=eager"]),
     ("C28", [F("bad.yaml", "data:\n  path: " + "x" * 1000000 + "\n")],
      ["--config", "bad.yaml"]),
+    ("C35", [], TRAIN + HUGE),
+    ("C36", [], TRAIN + HUGE + ["--set", "parallel.dp=2"]),
     ("C29", [], CHECK + ["--set", "model.vocab_size=2147483600"]),
     ("C30", [], CHECK + ["--set", "parallel.dp=1000000"]),
     ("C31", [], CHECK + ["--set", "parallel.pp=1024", "--set", "parallel.dp=1024"]),

@@ -45,6 +45,9 @@ CASES = {
     "pp4_interleaved_none_grouped": (1, 4, 1, 4, INTERLEAVED + GROUPED),
     "tp2_pp2_selective": (2, 2, 1, 4, ["train.recompute=selective"]),
     "dp2_zero1_full": (1, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
+    # ZeRO-1 blocks of buckets smaller than a layer, at dp 4 and beside pipelining.
+    "dp4_zero1_none": (1, 1, 4, 1, ["parallel.zero=1", "parallel.grad_bucket_mib=0.25"]),
+    "pp2_dp2_zero1_none": (1, 2, 2, 2, ["parallel.zero=1", "parallel.grad_bucket_mib=0.25"]),
     "tp2_none": (2, 1, 1, 4, []),
     "tp2_sp_none": (2, 1, 1, 4, SP),
     "tp2_sp_selective": (2, 1, 1, 4, SP + ["train.recompute=selective"]),

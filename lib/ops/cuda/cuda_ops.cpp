@@ -59,6 +59,13 @@ std::string CudaOps::name() const {
 
 // ---- Memory ----
 
+std::size_t CudaOps::device_memory_free() const {
+  PPTRAIN_CUDA_CHECK(cudaSetDevice(device_));
+  std::size_t free = 0, total = 0;
+  PPTRAIN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 void CudaOps::update_peak() {
   memory_.note(workspace_.bytes() + gemm_.workspace_bytes());
 }

@@ -58,6 +58,7 @@ class CudaOps final : public Ops {
   std::string name() const override;
   DType compute_dtype() const override { return dtype_; }
   bool device_memory() const override { return true; }
+  std::size_t device_memory_free() const override;
   void* allocate(std::size_t bytes) override;
   void deallocate(void* p) noexcept override;
   void upload(void* dst, const void* host_src, std::size_t bytes) override;

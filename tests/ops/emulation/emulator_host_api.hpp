@@ -14,6 +14,7 @@
 // memory, which the kernel tests hand to launchers directly.
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -140,9 +141,12 @@ static inline cudaError_t cudaFreeHost(void* p) {
   ::operator delete(p, std::align_val_t{256});
   return cudaSuccess;
 }
+// An H200's 141 GiB, or PPTRAIN_EMULATED_GPU_MEMORY_GIB.
 static inline cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
-  *total = std::size_t(141) << 30;
-  *free = *total - pptrain_emu::device_bytes_in_use(pptrain_emu::current_device());
+  const char* gib = std::getenv("PPTRAIN_EMULATED_GPU_MEMORY_GIB");
+  *total = std::size_t(gib ? std::strtod(gib, nullptr) * double(1 << 30) : double(141ull << 30));
+  const std::size_t used = pptrain_emu::device_bytes_in_use(pptrain_emu::current_device());
+  *free = *total > used ? *total - used : 0;
   return cudaSuccess;
 }
 static inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes,
