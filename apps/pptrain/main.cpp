@@ -243,6 +243,10 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
   } catch (const pptrain::InputError& e) {
     std::fprintf(stderr, "pptrain: error: %s\n", e.what());
     return pptrain::kExitBadInput;
+  } catch (const pptrain::ops::OutOfMemory& e) {
+    std::fprintf(stderr, "pptrain: rank %d failed: %s%s\n", launch.rank, e.what(),
+                 pptrain::predicted_peak_note(config).c_str());
+    return pptrain::kExitFailure;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pptrain: rank %d failed: %s\n", launch.rank, e.what());
     return pptrain::kExitFailure;

@@ -37,8 +37,8 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
       tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
           batch * model.seq_len),
       layout_(gpt_param_layout(model, part)),
-      params_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float))),
-      grads_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float))),
+      params_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the parameter arena")),
+      grads_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the gradient arena")),
       layer_offsets_(size_t(model.n_layer) * kTensorsPerLayer, SIZE_MAX),
       policy_(policy) {
   PPTRAIN_CHECK(batch >= 1 && C_ % NH_ == 0 && NH_ % part.tp_size == 0, "bad model shape");
@@ -48,7 +48,8 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
       for (int k = 0; k < kTensorsPerLayer; ++k)
         layer_offsets_[size_t(l) * kTensorsPerLayer + k] =
             layout_.at("transformer.h." + std::to_string(l) + "." + kLayerTensorNames[k]).offset;
-  if (dt_ != DType::F32) weights_ = ops::Buffer(ops, layout_.total_floats() * dtype_size(dt_));
+  if (dt_ != DType::F32)
+    weights_ = ops::Buffer(ops, layout_.total_floats() * dtype_size(dt_), "the weight copy");
   init_activation_layouts();
 }
 

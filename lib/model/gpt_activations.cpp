@@ -29,7 +29,7 @@ void GptModel::init_activation_layouts() {
     workspace = std::max(workspace, layouts_.back().part_bytes[int(Lifetime::Workspace)]);
     fused_backward_.push_back(policy_.fused_backward(n));
   }
-  workspace_ = ops::Buffer(ops_, workspace);
+  workspace_ = ops::Buffer(ops_, workspace, "the activation workspace");
   spare_until_b_.resize(part_.chunks.size());
   spare_from_b_.resize(part_.chunks.size());
 }
@@ -38,7 +38,7 @@ std::unique_ptr<GptModel::Activations> GptModel::new_activations(int chunk) cons
   const ChunkActivationLayout& L = layouts_.at(std::size_t(chunk));
   auto a = std::make_unique<Activations>();
   a->chunk = chunk;
-  a->set = ops::Buffer(ops_, L.part_bytes[int(Lifetime::Set)]);
+  a->set = ops::Buffer(ops_, L.part_bytes[int(Lifetime::Set)], "an activation set");
   if (L.last) a->host_losses.resize(std::size_t(B_) * T_);
   return a;
 }
@@ -49,7 +49,8 @@ void GptModel::lend(Activations& a, Lifetime part) {
   auto& spare = (part == Lifetime::UntilB ? spare_until_b_ : spare_from_b_)[std::size_t(a.chunk)];
   if (held.get() || bytes == 0) return;
   if (spare.empty()) {
-    held = ops::Buffer(ops_, bytes);
+    held = ops::Buffer(ops_, bytes, part == Lifetime::UntilB ? "an activation set's part kept until B"
+                                                             : "an activation set's gradient part");
   } else {
     held = std::move(spare.back());
     spare.pop_back();

@@ -1,9 +1,28 @@
 // Default implementations shared by the backends.
 #include "ops/ops.hpp"
 
+#include <cstdio>
 #include <new>
 
 namespace pptrain::ops {
+
+namespace {
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+}  // namespace
+
+OutOfMemory::OutOfMemory(std::size_t bytes_asked, std::size_t held_then, const std::string& on,
+                         const std::string& purpose)
+    : std::runtime_error("out of memory on " + on + ": " +
+                         (purpose.empty() ? std::string("an allocation") : purpose) + " of " +
+                         mib(bytes_asked) + " could not be had, with " + mib(held_then) +
+                         " held"),
+      bytes(bytes_asked),
+      held(held_then),
+      backend(on) {}
 
 void* Ops::allocate_host(std::size_t bytes) {
   return ::operator new(bytes, std::align_val_t{256});

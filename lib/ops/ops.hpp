@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -233,14 +234,31 @@ class Ops {
   virtual void add(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
 };
 
-// Move-only owner of `bytes` of one backend's memory (256-byte aligned).
+// Backend memory that could not be had: how much, what for (when the caller said), and
+// what the backend held then.
+class OutOfMemory : public std::runtime_error {
+ public:
+  OutOfMemory(std::size_t bytes, std::size_t held, const std::string& backend,
+              const std::string& purpose = "");
+  // The same failure, saying what the memory was for.
+  OutOfMemory named(const std::string& purpose) const {
+    return OutOfMemory(bytes, held, backend, purpose);
+  }
+  std::size_t bytes, held;
+  std::string backend;
+};
+
+// Move-only owner of `bytes` of one backend's memory (256-byte aligned). `purpose`, when
+// given, names it in an OutOfMemory.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Ops& ops, std::size_t bytes)
-      : ops_(&ops), data_(bytes ? ops.allocate(bytes) : nullptr), bytes_(bytes) {}
+  Buffer(Ops& ops, std::size_t bytes, const char* purpose = nullptr)
+      : ops_(&ops), data_(take(ops, bytes, false, purpose)), bytes_(bytes) {}
   // All zero (Ops::allocate_zeroed).
-  static Buffer zeroed(Ops& ops, std::size_t bytes) { return Buffer(ops, bytes, true); }
+  static Buffer zeroed(Ops& ops, std::size_t bytes, const char* purpose = nullptr) {
+    return Buffer(ops, bytes, true, purpose);
+  }
   Buffer(Buffer&& o) noexcept
       : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   Buffer& operator=(Buffer&& o) noexcept {
@@ -266,8 +284,17 @@ class Buffer {
   }
 
  private:
-  Buffer(Ops& ops, std::size_t bytes, bool /*zeroed*/)
-      : ops_(&ops), data_(bytes ? ops.allocate_zeroed(bytes) : nullptr), bytes_(bytes) {}
+  Buffer(Ops& ops, std::size_t bytes, bool zeroed, const char* purpose)
+      : ops_(&ops), data_(take(ops, bytes, zeroed, purpose)), bytes_(bytes) {}
+  static void* take(Ops& ops, std::size_t bytes, bool zeroed, const char* purpose) {
+    if (bytes == 0) return nullptr;
+    try {
+      return zeroed ? ops.allocate_zeroed(bytes) : ops.allocate(bytes);
+    } catch (const OutOfMemory& e) {
+      if (purpose) throw e.named(purpose);
+      throw;
+    }
+  }
   void release() noexcept {
     if (data_) ops_->deallocate(data_);
     data_ = nullptr;

@@ -35,8 +35,8 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
       weight_decay_(train.weight_decay),
       ranges_(clamped(std::move(ranges), layout.total_floats())),
       offsets_(prefix_sizes(ranges_)),
-      m_(ops::Buffer::zeroed(ops, size() * sizeof(float))),
-      v_(ops::Buffer::zeroed(ops, size() * sizeof(float))) {}
+      m_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's first moments")),
+      v_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's second moments")) {}
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t, const float* control) {

@@ -39,7 +39,7 @@ GradSync::GradSync(Session& s)
           layer_norms_.emplace_back(std::max(b, e.offset), std::min(end, e.offset + e.numel));
           floats += layer_norms_.back().second - layer_norms_.back().first;
         }
-    layer_norm_grads_ = ops::Buffer(*s.ops, floats * sizeof(float));
+    layer_norm_grads_ = ops::Buffer(*s.ops, floats * sizeof(float), "the packed LayerNorm gradients");
   }
   stats_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(double));
   control_ = ops::Buffer::zeroed(*s.ops, 2 * sizeof(float));
@@ -187,7 +187,7 @@ void GradSync::full_moments(AdamW& opt, float* m, float* v) {
     ops.download(v, opt.exp_avg_sq(), total * sizeof(float));
     return;
   }
-  ops::Buffer full(ops, total * sizeof(float));
+  ops::Buffer full(ops, total * sizeof(float), "the moments gathered for a checkpoint");
   for (auto [moments, host] : {std::pair{opt.exp_avg(), m}, std::pair{opt.exp_avg_sq(), v}}) {
     for (std::size_t i = 0; i < owned_.size(); ++i)
       ops.copy(full.f32() + owned_[i].first, moments + opt.moment_offset(i),

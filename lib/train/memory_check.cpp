@@ -58,6 +58,12 @@ std::optional<double> cgroup_room() {
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1 << 30)); }
 
+std::string predicted_peak_note(const Config& c) {
+  const RankMemory r = predict_peak_memory(c, backend_traits(c, runs_on_cuda(c)));
+  return fmt::format("; the memory plan predicts {} on the heaviest rank (stage {}, tp rank {})",
+                     gib(r.total()), r.stage, r.tp_rank);
+}
+
 std::optional<double> host_memory_available() {
   const auto a = mem_available(), b = cgroup_room();
   if (a && b) return std::min(*a, *b);

@@ -37,4 +37,8 @@ void check_memory(const Config& config, comm::Comms& comms, const ops::Ops& ops,
 // "63.2 GiB"
 std::string gib(double bytes);
 
+// For an allocation that failed anyway: "; the memory plan predicts 61.9 GiB on the
+// heaviest rank (stage 0, tp rank 0)".
+std::string predicted_peak_note(const Config& config);
+
 }  // namespace pptrain

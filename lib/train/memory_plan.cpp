@@ -26,7 +26,7 @@ ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
 namespace {
 
 MessageMode run_mode(const Config& c, const BackendTraits& be) {
-  return message_mode(c, be.compute != DType::F32 || c.device == Device::Cuda);
+  return message_mode(c, be.device_memory);
 }
 
 std::vector<std::vector<Step>> run_steps(const Config& c, const BackendTraits& be) {
@@ -60,6 +60,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   RankMemory r;
   r.stage = stage;
   r.tp_rank = tp_rank;
+  for (const ParamEntry& e : layout.entries()) r.parameters += double(e.numel);
   r.weights = r.gradients = 4 * total;
   if (p.sequence_parallel)  // the LayerNorm gradients, packed for their sum over tp
     for (const ParamEntry& e : layout.entries())
@@ -111,6 +112,7 @@ RankMemory heaviest_rank(const Config& c, const BackendTraits& be, const Planned
 
 BackendTraits backend_traits(const Config& c, bool cuda) {
   BackendTraits t;
+  t.device_memory = cuda;
   t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
   t.logsumexp_attention =
       uses_fused_attention(c.train, cuda) && (!cuda || t.compute == DType::BF16);

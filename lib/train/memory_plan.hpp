@@ -10,19 +10,26 @@
 namespace pptrain {
 
 // What the backend of the run keeps per activation: its compute dtype, and whether its
-// attention saves one log-sum-exp per row instead of the probabilities.
+// attention saves one log-sum-exp per row instead of the probabilities; and whose
+// memory it is.
 struct BackendTraits {
   DType compute = DType::F32;
   bool logsumexp_attention = false;
+  bool device_memory = false;  // a GPU's (NCCL, grouped messages), else the host's
 };
 
 // Bytes, by what holds them.
 struct RankMemory {
   int stage = 0, tp_rank = 0;
+  double parameters = 0;  // the rank's tensors' elements (its shards, vocabulary padding included)
   double weights = 0, gradients = 0, weight_copy = 0, optimizer = 0;
   double checkpoint_gather = 0;  // ZeRO-1: the whole moment gathered while saving
   double activations = 0;        // the sets and lent parts at their schedule peaks
   double workspace = 0;          // the model's shared activation workspace
+  // Bytes a parameter for its weights, gradients, weight copy and optimizer state.
+  double state_bytes_per_parameter() const {
+    return (weights + gradients + weight_copy + optimizer) / parameters;
+  }
   double total() const {
     return weights + gradients + weight_copy + optimizer + checkpoint_gather + activations +
            workspace;

@@ -41,6 +41,7 @@ std::string describe_plan_json(const Config& c) {
         {"checkpoint_gather", to_mib(r.checkpoint_gather)},
         {"activations", to_mib(r.activations)},
         {"workspace", to_mib(r.workspace)}}},
+      {"state_bytes_per_parameter", r.state_bytes_per_parameter()},
       {"parameters", gpt_param_layout(c.model).hf_param_count()},
       {"tokens_per_step", tokens_per_step(c)},
       {"flops_per_token", gpt_flops_per_token(c.model)}};

@@ -13,6 +13,7 @@
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "topology/rank_grid.hpp"
+#include "train/memory_check.hpp"
 
 namespace pptrain {
 
@@ -74,6 +75,10 @@ auto run_all_or_none(Session& s, F&& f) {
     return f(s);
   } catch (const InputError& e) {
     if (s.grid.world_size() > 1) s.comms.world->abort(std::string("error: ") + e.what(), 2);
+    throw;
+  } catch (const ops::OutOfMemory& e) {
+    if (s.grid.world_size() > 1)
+      s.comms.world->abort(std::string("failed: ") + e.what() + predicted_peak_note(s.cfg), 1);
     throw;
   } catch (const std::exception& e) {
     if (s.grid.world_size() > 1) s.comms.world->abort(std::string("failed: ") + e.what(), 1);

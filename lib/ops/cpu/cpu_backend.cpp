@@ -33,7 +33,7 @@ std::string CpuOps::name() const {
 void* CpuOps::allocate(std::size_t bytes) {
   const std::size_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
   void* p = std::aligned_alloc(kArenaAlignment, rounded ? rounded : kArenaAlignment);
-  if (!p) throw std::bad_alloc();
+  if (!p) throw OutOfMemory(bytes, memory_.held(), name());
   memory_.added(p, bytes);
   return p;
 }
@@ -51,7 +51,7 @@ void* CpuOps::allocate_zeroed(std::size_t bytes) {
     return p;
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  if (p == MAP_FAILED) throw OutOfMemory(bytes, memory_.held(), name());
   madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
   fill_zero(p, bytes);
   mapped_[p] = bytes;

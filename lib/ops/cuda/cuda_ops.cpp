@@ -75,6 +75,7 @@ void* CudaOps::allocate(std::size_t bytes) {
   void* p = nullptr;
   if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
     (void)cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation) throw OutOfMemory(bytes, memory_.held(), name());
     throw std::runtime_error("CUDA allocation of " + std::to_string(bytes) + " bytes failed on " +
                              name() + " with " + std::to_string(memory_.held()) +
                              " bytes held: " + cudaGetErrorString(e));
