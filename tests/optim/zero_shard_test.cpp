@@ -18,22 +18,35 @@ ops::Ops& cpu() {
   return *backend;
 }
 
-TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
+// A small GPT-2's arena: its layout, and parameters (twice) and gradients drawn from `seed`.
+struct Arenas {
+  ParamLayout layout;
+  std::vector<float> p_whole, p_shard, g;
+};
+Arenas small_arenas(uint64_t seed) {
   ModelConfig m;
   m.n_layer = 2;
   m.d_model = 16;
   m.n_head = 2;
   m.seq_len = 8;
   m.vocab_size = 50;
-  const ParamLayout layout = gpt_param_layout(m);
+  Arenas a{gpt_param_layout(m), {}, {}, {}};
+  const size_t n = a.layout.total_floats();
+  a.p_whole.resize(n);
+  a.g.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    a.p_whole[i] = float(standard_normal(hash_words(seed, i)));
+    a.g[i] = float(standard_normal(hash_words(seed + 1, i)));
+  }
+  a.p_shard = a.p_whole;
+  return a;
+}
+
+TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
+  auto [layout, p_whole, p_shard, g] = small_arenas(1);
   TrainConfig t;
   t.weight_decay = 0.1;
   const size_t n = layout.total_floats();
-  std::vector<float> p_whole(n), p_shard(n), g(n);
-  for (size_t i = 0; i < n; ++i) {
-    p_whole[i] = p_shard[i] = float(standard_normal(hash_words(1, i)));
-    g[i] = float(standard_normal(hash_words(2, i)));
-  }
   AdamW whole(cpu(), layout, t);
   const size_t cut = n / 3 + 5;  // a cut inside a tensor
   AdamW first(cpu(), layout, t, {{0, cut}}), second(cpu(), layout, t, {{cut, n}});
@@ -53,20 +66,9 @@ TEST(AdamWShards, ShardedUpdatesMatchTheWholeArena) {
 // ZeRO's blocks: several ranges per rank, one rank's interleaved with another's; the
 // moments of each range follow each other.
 TEST(AdamWShards, RangesOfSeveralBucketsMatchTheWholeArena) {
-  ModelConfig m;
-  m.n_layer = 2;
-  m.d_model = 16;
-  m.n_head = 2;
-  m.seq_len = 8;
-  m.vocab_size = 50;
-  const ParamLayout layout = gpt_param_layout(m);
+  auto [layout, p_whole, p_shard, g] = small_arenas(3);
   TrainConfig t;
   const size_t n = layout.total_floats(), a = n / 5, b = n / 2, c = 3 * n / 4;
-  std::vector<float> p_whole(n), p_shard(n), g(n);
-  for (size_t i = 0; i < n; ++i) {
-    p_whole[i] = p_shard[i] = float(standard_normal(hash_words(3, i)));
-    g[i] = float(standard_normal(hash_words(4, i)));
-  }
   AdamW whole(cpu(), layout, t);
   AdamW even(cpu(), layout, t, {{0, a}, {b, c}}), odd(cpu(), layout, t, {{a, b}, {c, n}});
   EXPECT_EQ(even.size(), a + (c - b));
