@@ -67,9 +67,13 @@ class Group {
   // Non-blocking and in place, for ZeRO's buckets; n is a multiple of size() and block r
   // is the n / size() elements at data + r * n / size(). reduce_scatter_start: this
   // rank's block ends as the sum of every member's block rank(); the other blocks are
-  // left undefined. all_gather_start: every member's own block ends on every member.
+  // left undefined. all_gather_start: every member's own block ends on every member, in
+  // any dtype (a gather moves bytes).
   virtual std::unique_ptr<PendingOp> reduce_scatter_start(float* data, std::size_t n) = 0;
-  virtual std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) = 0;
+  virtual std::unique_ptr<PendingOp> all_gather_start(void* data, std::size_t n, DType dtype) = 0;
+  std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) {
+    return all_gather_start(data, n, DType::F32);
+  }
 };
 
 // One point-to-point message of `bytes` bytes to or from a world rank. Tags are >= 0 and small (the MPI

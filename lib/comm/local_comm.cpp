@@ -45,7 +45,7 @@ class LocalGroup final : public Group {
   std::unique_ptr<PendingOp> reduce_scatter_start(float*, std::size_t) override {
     return std::make_unique<DonePending>();
   }
-  std::unique_ptr<PendingOp> all_gather_start(float*, std::size_t) override {
+  std::unique_ptr<PendingOp> all_gather_start(void*, std::size_t, DType) override {
     return std::make_unique<DonePending>();
   }
 

@@ -104,12 +104,14 @@ class MpiGroup final : public Group {
       };
     return std::make_unique<MpiPending>(std::move(requests), std::move(info), std::move(move));
   }
-  std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) override {
-    const int block = mpi_count(blocks_of(n, "all_gather_start"), "all_gather_start");
+  std::unique_ptr<PendingOp> all_gather_start(void* data, std::size_t n, DType dtype) override {
+    const bool f32 = dtype == DType::F32;
+    const std::size_t elems = blocks_of(n, "all_gather_start") * (f32 ? 1 : dtype_size(dtype));
+    const int block = mpi_count(elems, "all_gather_start");
+    const MPI_Datatype type = f32 ? MPI_FLOAT : MPI_BYTE;
     WaitInfo info = wait_info("all_gather_start");
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-    check_mpi(MPI_Iallgather(MPI_IN_PLACE, block, MPI_FLOAT, data, block, MPI_FLOAT, comm_,
-                             requests.data()),
+    check_mpi(MPI_Iallgather(MPI_IN_PLACE, block, type, data, block, type, comm_, requests.data()),
               "MPI_Iallgather", info);
     return std::make_unique<MpiPending>(std::move(requests), std::move(info));
   }

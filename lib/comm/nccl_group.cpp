@@ -94,11 +94,11 @@ class NcclGroup final : public Group {
       return ncclReduceScatter(data, mine, block, ncclFloat32, ncclSum, comm_, side);
     }, n);
   }
-  std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) override {
+  std::unique_ptr<PendingOp> all_gather_start(void* data, std::size_t n, DType dtype) override {
     const std::size_t block = blocks_of(n, "all_gather_start");
-    const float* mine = data + std::size_t(rank_) * block;
+    const void* mine = static_cast<std::byte*>(data) + std::size_t(rank_) * block * dtype_size(dtype);
     return start_on_side("all_gather_start", [&](cudaStream_t side) {
-      return ncclAllGather(mine, data, block, ncclFloat32, comm_, side);
+      return ncclAllGather(mine, data, block, nccl_type(dtype), comm_, side);
     }, n);
   }
 

@@ -157,19 +157,34 @@ void GradSync::update(AdamW& opt, float lr, int64_t t) {
     return;
   }
   // Each bucket's block, then (with overlap) its all-gather beside the next block's update.
+  // With a weight copy (bf16 on a GPU) the update writes the block's copy too and only the
+  // copy is gathered, 2 bytes a parameter; the fp32 master of the other blocks is then
+  // out of date until gather_master().
   float* params = model.params();
+  ops::Act* copy = model.has_weight_copy() ? model.weights() : nullptr;
+  const DType dt = copy ? model.backend().compute_dtype() : DType::F32;
   comm::Group& dp = *s_.comms.dp_for_model();
+  const auto gather = [&](const GradBucket& b) {
+    return copy ? dp.all_gather_start(ops::advance(copy, b.begin, dt), b.size(), dt)
+                : dp.all_gather_start(params + b.begin, b.size());
+  };
   std::vector<std::unique_ptr<comm::PendingOp>> gathers;
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
-    opt.step_range(i, params, nullptr, model.grads(), lr, 1.0f, t, control);
+    opt.step_range(i, params, copy, model.grads(), lr, 1.0f, t, control);
     if (!overlap_) continue;
-    gathers.push_back(dp.all_gather_start(params + buckets_[i].begin, buckets_[i].size()));
+    gathers.push_back(gather(buckets_[i]));
     for (auto& g : gathers) g->test();
   }
   if (!overlap_)
-    for (const GradBucket& b : buckets_) gathers.push_back(dp.all_gather_start(params + b.begin, b.size()));
+    for (const GradBucket& b : buckets_) gathers.push_back(gather(b));
   for (auto& g : gathers) g->wait_in_queue();
-  model.refresh_weights();
+  master_stale_ = copy != nullptr;
+}
+
+void GradSync::gather_master() {
+  if (!master_stale_) return;
+  all_gather_blocks(s_.model.params());
+  master_stale_ = false;
 }
 
 void GradSync::all_gather_blocks(float* full) {

@@ -43,8 +43,12 @@ class GradSync {
   void finish(double grad_clip);
   // The optimizer step over this rank's ranges, skipped on the backend when the step's
   // loss or norm is not finite, then (ZeRO) the all-gather of the updated blocks; the
-  // model's weight copy is refreshed either way.
+  // model's weight copy is up to date either way. Under ZeRO with a weight copy only the
+  // copy is gathered: call gather_master() before reading the fp32 parameters.
   void update(AdamW& opt, float lr, int64_t t);
+  // Makes every rank's fp32 parameters whole again (all-gathers the blocks); collective,
+  // a no-op unless the last update gathered only the weight copy.
+  void gather_master();
   // After the backend's wait_queue(): the step's loss summed over the data-parallel
   // ranks (each a sum of micro-batch means) and the global gradient norm.
   double loss_sum() const { return host_stats_.get()[0]; }
@@ -68,6 +72,7 @@ class GradSync {
 
   Session& s_;
   bool zero_, overlap_;
+  bool master_stale_ = false;  // the fp32 blocks of other ranks are older than the copy
   int dp_;
   std::vector<GradBucket> buckets_;
   // ZeRO with the embedding tied across stages: the buckets holding wte reduce only after

@@ -377,6 +377,7 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
 void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
   if (cfg_.checkpoint.dir.empty() || !(due(n, cfg_.checkpoint.every, last_step_) || o.report.stop))
     return;
+  sync_.gather_master();
   if (!parameters_finite(s_))
     throw std::runtime_error("step " + std::to_string(n) +
                              ": the model has non-finite parameters; not checkpointed");
