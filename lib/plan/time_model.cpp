@@ -248,11 +248,12 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
   const double shard = p.zero == 1 ? params / p.dp : params;
   r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
                   2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
-  if (p.zero == 1 && p.dp > 1) {
-    const double gather = gather_seconds(dp_link, 4 * params, p.dp);
-    r.dp_exposed_s += p.overlap ? std::max(gather - r.optimizer_s,
-                                           gather_seconds(dp_link, std::min(bucket, 4 * params), p.dp))
-                                : gather;
+  if (p.zero == 1 && p.dp > 1) {  // the weight copy's bytes (s.e): bf16 on a GPU
+    const double gather = gather_seconds(dp_link, s.e * params, p.dp);
+    r.dp_exposed_s +=
+        p.overlap ? std::max(gather - r.optimizer_s,
+                             gather_seconds(dp_link, std::min(bucket / 4 * s.e, s.e * params), p.dp))
+                  : gather;
   }
 }
 
