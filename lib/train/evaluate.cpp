@@ -21,7 +21,11 @@ double evaluate_checkpoint(const Config& cfg) {
   const std::vector<int32_t> val = load_validation_tokens(cfg.data, cfg.model, cfg.train.seed);
   if (val.empty())
     throw InputError(cfg.source_path + ": data.val_path: eval needs validation data");
-  Session s(cfg);
+  // The memory plan predicts training (gradients, optimizer state, activation sets of a
+  // schedule), not an evaluation: it would refuse evaluations that fit.
+  Config eval_cfg = cfg;
+  eval_cfg.train.memory_check = MemoryCheck::Off;
+  Session s(eval_cfg);
   return run_all_or_none(s, [&](Session& session) {
     if (hf) {
       init_from_hf(session);

@@ -16,7 +16,7 @@ the device exactly once (device_syncs: at its end, for its loss and norm). Then:
   to the run that did not stop, and reshards onto the CPU backend in another layout; so
   does a ZeRO-1 run in bf16, which gathers only the weight copy during training;
 - memory: on GPUs too small for the run, it is refused (exit 2, one line) or, with
-  train.memory_check: warn, warned about and run;
+  train.memory_check: warn, warned about and run; an evaluation is not checked;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
   communicators and ends the job with exit 3, naming the rank, group and operation.
 Open MPI's eager limits are forced down, so no host message is buffered either.
@@ -305,6 +305,16 @@ def check_memory_check(work, failures):
               f"... -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             failures.append("memory_check " + mode)
+    # An evaluation is not held to the training prediction: it runs on the same GPUs.
+    argv = [EMULATED, "eval", "--config", CONFIG] + jobs.overrides(
+        settings(2, 2, 2, 2, []) + ["device=cuda", "train.precision=fp32",
+                                    f"checkpoint.dir={os.path.join(work, 'ckpt_saved')}",
+                                    "checkpoint.resume=auto"])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    ok = out.returncode == 0 and "val_loss" in out.stdout and "memory_check" not in out.stderr
+    print(f"{'memory_check eval':28} exit {out.returncode} -> {'ok' if ok else 'FAIL'}", flush=True)
+    if not ok:
+        failures.append("memory_check eval")
 
 
 def main():
@@ -322,7 +332,7 @@ def main():
     check_memory_check(work, failures)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 11} passed, "
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 12} passed, "
           "0 failed")
 
 
