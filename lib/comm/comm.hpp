@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/error.hpp"
 #include "topology/rank_grid.hpp"
 
 namespace pptrain::comm {
@@ -74,6 +75,18 @@ class Group {
   std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) {
     return all_gather_start(data, n, DType::F32);
   }
+
+ protected:
+  // n / size() for `op`'s blocks; a logic_error naming the group when n does not split.
+  std::size_t blocks_of(std::size_t n, const char* op) const {
+    const auto members = static_cast<std::size_t>(size());
+    PPTRAIN_CHECK(n % members == 0, name() + ": " + op + " of " + std::to_string(n) +
+                                        " elements does not split into " +
+                                        std::to_string(members) + " blocks");
+    return n / members;
+  }
+
+ public:
 };
 
 // One point-to-point message of `bytes` bytes to or from a world rank. Tags are >= 0 and small (the MPI

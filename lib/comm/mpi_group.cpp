@@ -117,12 +117,6 @@ class MpiGroup final : public Group {
   }
 
  private:
-  std::size_t blocks_of(std::size_t n, const char* op) const {
-    PPTRAIN_CHECK(n % std::size_t(size_) == 0, name_ + ": " + op + " of " + std::to_string(n) +
-                                                   " elements does not split into " +
-                                                   std::to_string(size_) + " blocks");
-    return n / std::size_t(size_);
-  }
   WaitInfo wait_info(const char* op) const {
     return {op, name_, world_rank_, timeout_s_,
             [members = members_](const std::vector<std::size_t>&) { return join_ranks(members); }};

@@ -116,12 +116,6 @@ class NcclGroup final : public Group {
     cudaEvent_t done = ctx_->record(side, op);
     return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
   }
-  std::size_t blocks_of(std::size_t n, const char* op) const {
-    PPTRAIN_CHECK(n % members_.size() == 0, name_ + ": " + op + " of " + std::to_string(n) +
-                                                " elements does not split into " +
-                                                std::to_string(members_.size()) + " blocks");
-    return n / members_.size();
-  }
   cudaStream_t stream() const { return ctx_->compute_stream(); }
   NcclOpInfo info(const char* op) const { return {op, name_, peers_}; }
 

@@ -1,6 +1,7 @@
 #include "train/grad_sync.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 
 #include "core/error.hpp"
@@ -162,35 +163,35 @@ void GradSync::update(AdamW& opt, float lr, int64_t t) {
   // out of date until gather_master().
   float* params = model.params();
   ops::Act* copy = model.has_weight_copy() ? model.weights() : nullptr;
+  void* gathered = copy ? static_cast<void*>(copy) : params;
   const DType dt = copy ? model.backend().compute_dtype() : DType::F32;
-  comm::Group& dp = *s_.comms.dp_for_model();
-  const auto gather = [&](const GradBucket& b) {
-    return copy ? dp.all_gather_start(ops::advance(copy, b.begin, dt), b.size(), dt)
-                : dp.all_gather_start(params + b.begin, b.size());
-  };
   std::vector<std::unique_ptr<comm::PendingOp>> gathers;
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     opt.step_range(i, params, copy, model.grads(), lr, 1.0f, t, control);
     if (!overlap_) continue;
-    gathers.push_back(gather(buckets_[i]));
-    for (auto& g : gathers) g->test();
+    gathers.push_back(gather_block(i, gathered, dt));
+    gathers.back()->test();  // MPI progresses every started request here
   }
-  if (!overlap_)
-    for (const GradBucket& b : buckets_) gathers.push_back(gather(b));
   for (auto& g : gathers) g->wait_in_queue();
+  if (!overlap_) all_gather_blocks(gathered, dt);
   master_stale_ = copy != nullptr;
 }
 
 void GradSync::gather_master() {
   if (!master_stale_) return;
-  all_gather_blocks(s_.model.params());
+  all_gather_blocks(s_.model.params(), DType::F32);
   master_stale_ = false;
 }
 
-void GradSync::all_gather_blocks(float* full) {
+std::unique_ptr<comm::PendingOp> GradSync::gather_block(std::size_t i, void* arena, DType dt) {
+  const GradBucket& b = buckets_[i];
+  return s_.comms.dp_for_model()->all_gather_start(
+      static_cast<std::byte*>(arena) + b.begin * dtype_size(dt), b.size(), dt);
+}
+
+void GradSync::all_gather_blocks(void* arena, DType dt) {
   std::vector<std::unique_ptr<comm::PendingOp>> gathers;
-  for (const GradBucket& b : buckets_)
-    gathers.push_back(s_.comms.dp_for_model()->all_gather_start(full + b.begin, b.size()));
+  for (std::size_t i = 0; i < buckets_.size(); ++i) gathers.push_back(gather_block(i, arena, dt));
   for (auto& g : gathers) g->wait_in_queue();
 }
 
@@ -207,7 +208,7 @@ void GradSync::full_moments(AdamW& opt, float* m, float* v) {
     for (std::size_t i = 0; i < owned_.size(); ++i)
       ops.copy(full.f32() + owned_[i].first, moments + opt.moment_offset(i),
                (owned_[i].second - owned_[i].first) * sizeof(float));
-    all_gather_blocks(full.f32());
+    all_gather_blocks(full.get(), DType::F32);
     ops.download(host, full.get(), full.bytes());
   }
 }

@@ -65,8 +65,10 @@ class GradSync {
   void progress();
   void start(std::size_t bucket);  // its all-reduce, or reduce-scatter, over dp
   void wait_started();             // the compute stream waits for every started one
-  // Every member's block of every bucket of `full` (backend memory, the arena's size).
-  void all_gather_blocks(float* full);
+  // All-gathers bucket i's blocks of `arena` (backend memory, the arena's elements in
+  // `dt`), or every bucket's, waited for in the compute queue.
+  std::unique_ptr<comm::PendingOp> gather_block(std::size_t i, void* arena, DType dt);
+  void all_gather_blocks(void* arena, DType dt);
   // Sequence parallelism: sums the LayerNorm gradients over tp, packed in one message.
   void sum_layer_norms_over_tp();
 
