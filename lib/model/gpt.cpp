@@ -21,7 +21,8 @@ const char* const kLayerTensorNames[kTensorsPerLayer] = {
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
-                   const ModelPartition& part, comm::Group* tp, const ActivationPolicy& policy)
+                   const ModelPartition& part, comm::Group* tp, const ActivationPolicy& policy,
+                   Master master)
     : cfg_(model),
       part_(part),
       B_(batch),
@@ -37,12 +38,16 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
       tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
           batch * model.seq_len),
       layout_(gpt_param_layout(model, part)),
-      params_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the parameter arena")),
+      params_(master == Master::InModel
+                  ? ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the parameter arena")
+                  : ops::Buffer()),
       grads_(ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the gradient arena")),
       layer_offsets_(size_t(model.n_layer) * kTensorsPerLayer, SIZE_MAX),
       policy_(policy) {
   PPTRAIN_CHECK(batch >= 1 && C_ % NH_ == 0 && NH_ % part.tp_size == 0, "bad model shape");
   PPTRAIN_CHECK(!part_.chunks.empty(), "no chunks");
+  PPTRAIN_CHECK(master == Master::InModel || dt_ != DType::F32,
+                "only a model with a weight copy leaves its master weights to the optimizer");
   for (const ChunkSpec& c : part_.chunks)
     for (int l = c.layer_begin; l < c.layer_end; ++l)
       for (int k = 0; k < kTensorsPerLayer; ++k)
@@ -56,16 +61,20 @@ GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops,
 GptModel::~GptModel() = default;
 
 void GptModel::read_params(float* host) const {
+  PPTRAIN_CHECK(params_.get(), "the master weights are the optimizer's");
   ops_.download(host, params_.get(), params_.bytes());
 }
 
 void GptModel::write_params(const float* host) {
-  ops_.upload(params_.get(), host, params_.bytes());
-  refresh_weights();
+  const ops::Buffer& staging = params_.get() ? params_ : grads_;
+  ops_.upload(staging.get(), host, staging.bytes());
+  if (weights_.get()) ops_.to_compute(weights_.act(), staging.f32(), layout_.total_floats());
+  if (!params_.get()) zero_grads();
 }
 
 void GptModel::refresh_weights() {
-  if (weights_.get()) ops_.to_compute(weights_.act(), params_.f32(), layout_.total_floats());
+  if (weights_.get() && params_.get())
+    ops_.to_compute(weights_.act(), params_.f32(), layout_.total_floats());
 }
 
 double gpt_flops_per_token(const ModelConfig& m) {

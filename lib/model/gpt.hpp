@@ -31,6 +31,11 @@ double gpt_flops_per_token(const ModelConfig& model);
 
 class GptModel {
  public:
+  // Who holds the fp32 master weights: the model (its parameter arena, params()), or,
+  // under a distributed optimizer, the optimizer (sharded; the model then holds only its
+  // weight copy, in a compute dtype other than fp32).
+  enum class Master { InModel, InOptimizer };
+
   // One micro-batch's saved values for one chunk, between its forward and its
   // weight-gradient pass. Owned by the caller; the model reads and writes it.
   struct Activations;
@@ -38,7 +43,8 @@ class GptModel {
   // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group for
   // the backend's arrays (may be null when part.tp_size == 1).
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
-           comm::Group* tp = nullptr, const ActivationPolicy& policy = {});
+           comm::Group* tp = nullptr, const ActivationPolicy& policy = {},
+           Master master = Master::InModel);
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops)
       : GptModel(model, batch, ops, whole_model(model)) {}
   ~GptModel();
@@ -54,15 +60,16 @@ class GptModel {
   const ChunkActivationLayout& activation_layout(int chunk) const {
     return layouts_.at(std::size_t(chunk));
   }
-  // The fp32 master parameters and the fp32 gradients, in backend memory, laid out by
-  // layout(); weights() is the copy the forward computes with, in the backend's compute
-  // dtype (the master itself when that is fp32).
+  // The fp32 master parameters (null when the optimizer holds them) and the fp32
+  // gradients, in backend memory, laid out by layout(); weights() is the copy the forward
+  // computes with, in the backend's compute dtype (the master itself when that is fp32).
   float* params() { return params_.f32(); }
   float* grads() { return grads_.f32(); }
   ops::Act* weights() { return weights_.get() ? weights_.act() : ops::as_act(params_.f32()); }
   bool has_weight_copy() const { return weights_.get() != nullptr; }
   // Host copies of the master parameters (layout().total_floats() floats). write_params
-  // also refreshes weights().
+  // also refreshes weights(); without a master it sets weights() alone, staged through
+  // the gradient arena (which it leaves zeroed). read_params needs the master.
   void read_params(float* host) const;
   void write_params(const float* host);
   // weights() = params() in the compute dtype (after an update of params()).
@@ -71,6 +78,10 @@ class GptModel {
   // GPT-2 initialisation: N(0, 0.02) for weights and embeddings, residual output
   // projections N(0, 0.02/sqrt(2*n_layer)), LayerNorm weight 1, biases 0, padded vocab
   // rows 0. Each element is a function of (seed, tensor name, global element index).
+  // initial_parameters writes every entry of a host arena of layout().total_floats()
+  // floats (the padding between entries is left as it is); init_parameters sets the
+  // model's (write_params, or in place).
+  void initial_parameters(uint64_t seed, float* host) const;
   void init_parameters(uint64_t seed);
   void zero_grads();
 

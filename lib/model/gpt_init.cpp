@@ -19,10 +19,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void GptModel::init_parameters(uint64_t seed) {
   // Host-memory backends are filled in place; a device backend gets a host staging copy.
-  const size_t total = layout_.total_floats();
-  const bool in_place = !ops_.device_memory();
-  std::vector<float> staging(in_place ? 0 : total);
+  const bool in_place = !ops_.device_memory() && params_.get();
+  std::vector<float> staging(in_place ? 0 : layout_.total_floats());
   float* host = in_place ? params_.f32() : staging.data();
+  initial_parameters(seed, host);
+  if (in_place)
+    refresh_weights();
+  else
+    write_params(host);
+}
+
+void GptModel::initial_parameters(uint64_t seed, float* host) const {
   const double residual_std = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
   for (const ParamEntry& e : layout_.entries()) {
     float* p = host + e.offset;
@@ -40,10 +47,6 @@ void GptModel::init_parameters(uint64_t seed) {
         e, [&](int64_t first, int64_t count, float* out) { fill_standard_normal(stream, uint64_t(first), std::size_t(count), stddev, out); },
         p);
   }
-  if (in_place)
-    refresh_weights();
-  else
-    write_params(host);
 }
 
 }  // namespace pptrain

@@ -25,8 +25,14 @@ std::vector<std::size_t> prefix_sizes(const std::vector<AdamW::Range>& ranges) {
 }
 }  // namespace
 
+bool zero_shards(const ParallelConfig& p) { return p.zero == 1 && p.dp > 1; }
+
+bool optimizer_holds_master(const ParallelConfig& p, DType compute) {
+  return zero_shards(p) && compute != DType::F32;
+}
+
 AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
-             std::vector<Range> ranges)
+             std::vector<Range> ranges, bool holds_master)
     : ops_(ops),
       layout_(layout),
       beta1_(train.beta1),
@@ -36,7 +42,15 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
       ranges_(clamped(std::move(ranges), layout.total_floats())),
       offsets_(prefix_sizes(ranges_)),
       m_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's first moments")),
-      v_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's second moments")) {}
+      v_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's second moments")) {
+  if (holds_master) master_ = ops::Buffer(ops, size() * sizeof(float), "the optimizer's master weights");
+}
+
+void AdamW::upload_ranges(float* packed, const float* host_arena) {
+  for (std::size_t i = 0; i < ranges_.size(); ++i)
+    ops_.upload(packed + offsets_[i], host_arena + ranges_[i].first,
+                (ranges_[i].second - ranges_[i].first) * sizeof(float));
+}
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t, const float* control) {
@@ -62,14 +76,18 @@ void AdamW::step_range(std::size_t i, float* params, ops::Act* weights, const fl
   h.control = control;
   const DType dt = ops_.compute_dtype();
   const auto [begin, end] = ranges_[i];
-  float* m = m_.f32() + offsets_[i];  // the range's moments, from element `begin`
+  PPTRAIN_CHECK((params == nullptr) == (master_.get() != nullptr),
+                "AdamW: parameters come from the caller or from the optimizer's master, not both");
+  float* m = m_.f32() + offsets_[i];  // the range's moments and master, from element `begin`
   float* v = v_.f32() + offsets_[i];
+  float* master = master_.get() ? master_.f32() + offsets_[i] : nullptr;
   for (const ParamEntry& e : layout_.entries()) {
     // The part of the entry inside the range.
     const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
     if (lo >= hi) continue;
     h.weight_decay = e.decay ? float(weight_decay_) : 0.0f;
-    ops_.adamw(params + lo, weights ? ops::advance(weights, lo, dt) : nullptr, grads + lo,
+    float* p = master ? master + (lo - begin) : params + lo;
+    ops_.adamw(p, weights ? ops::advance(weights, lo, dt) : nullptr, grads + lo,
                m + (lo - begin), v + (lo - begin), hi - lo, h);
   }
 }

@@ -27,11 +27,14 @@ double evaluate_checkpoint(const Config& cfg) {
   eval_cfg.train.memory_check = MemoryCheck::Off;
   Session s(eval_cfg);
   return run_all_or_none(s, [&](Session& session) {
+    std::vector<float> params(session.model.layout().total_floats(), 0.0f);
     if (hf) {
-      init_from_hf(session);
+      init_from_hf(session, params.data());
+      session.model.write_params(params.data());
       return validation_loss(session, val, 0);
     }
-    const CheckpointMeta meta = load_run_checkpoint(session, path, nullptr, nullptr);
+    const CheckpointMeta meta = load_run_checkpoint(session, path, params.data(), nullptr, nullptr);
+    session.model.write_params(params.data());
     check_same_model(cfg, meta, path);
     if (session.logs())
       spdlog::info("evaluating {} (step {}) on {} windows", path, meta.step,

@@ -10,7 +10,7 @@ namespace pptrain {
 
 GradSync::GradSync(Session& s)
     : s_(s),
-      zero_(s.cfg.parallel.zero == 1 && s.grid.dp() > 1),
+      zero_(zero_shards(s.cfg.parallel)),
       overlap_(s.cfg.parallel.overlap),
       dp_(s.grid.dp()),
       buckets_(plan_grad_buckets(s.model.layout(), s.model.partition(),
@@ -152,17 +152,15 @@ void GradSync::sum_layer_norms_over_tp() {
 void GradSync::update(AdamW& opt, float lr, int64_t t) {
   GptModel& model = s_.model;
   const float* control = control_.f32();
+  float* params = model.params();  // null when the optimizer holds the master
+  ops::Act* copy = model.has_weight_copy() ? model.weights() : nullptr;
   if (!zero_) {  // the update writes the weight copy too
-    opt.step(model.params(), model.has_weight_copy() ? model.weights() : nullptr, model.grads(),
-             lr, 1.0f, t, control);
+    opt.step(params, copy, model.grads(), lr, 1.0f, t, control);
     return;
   }
   // Each bucket's block, then (with overlap) its all-gather beside the next block's update.
   // With a weight copy (bf16 on a GPU) the update writes the block's copy too and only the
-  // copy is gathered, 2 bytes a parameter; the fp32 master of the other blocks is then
-  // out of date until gather_master().
-  float* params = model.params();
-  ops::Act* copy = model.has_weight_copy() ? model.weights() : nullptr;
+  // copy is gathered, 2 bytes a parameter: the master is the optimizer's, sharded.
   void* gathered = copy ? static_cast<void*>(copy) : params;
   const DType dt = copy ? model.backend().compute_dtype() : DType::F32;
   std::vector<std::unique_ptr<comm::PendingOp>> gathers;
@@ -174,13 +172,18 @@ void GradSync::update(AdamW& opt, float lr, int64_t t) {
   }
   for (auto& g : gathers) g->wait_in_queue();
   if (!overlap_) all_gather_blocks(gathered, dt);
-  master_stale_ = copy != nullptr;
 }
 
-void GradSync::gather_master() {
-  if (!master_stale_) return;
-  all_gather_blocks(s_.model.params(), DType::F32);
-  master_stale_ = false;
+void GradSync::read_params(AdamW& opt, float* host) {
+  if (s_.model.params())
+    s_.model.read_params(host);
+  else
+    download_whole(opt, opt.master(), host);
+}
+
+void GradSync::write_params(AdamW& opt, const float* host) {
+  s_.model.write_params(host);
+  if (opt.master()) opt.upload_ranges(opt.master(), host);
 }
 
 std::unique_ptr<comm::PendingOp> GradSync::gather_block(std::size_t i, void* arena, DType dt) {
@@ -195,30 +198,33 @@ void GradSync::all_gather_blocks(void* arena, DType dt) {
   for (auto& g : gathers) g->wait_in_queue();
 }
 
-void GradSync::full_moments(AdamW& opt, float* m, float* v) {
+void GradSync::download_whole(AdamW& opt, const float* packed, float* host) {
   ops::Ops& ops = *s_.ops;
-  const std::size_t total = s_.model.layout().total_floats();
   if (!zero_) {
-    ops.download(m, opt.exp_avg(), total * sizeof(float));
-    ops.download(v, opt.exp_avg_sq(), total * sizeof(float));
+    ops.download(host, packed, s_.model.layout().total_floats() * sizeof(float));
     return;
   }
-  ops::Buffer full(ops, total * sizeof(float), "the moments gathered for a checkpoint");
-  for (auto [moments, host] : {std::pair{opt.exp_avg(), m}, std::pair{opt.exp_avg_sq(), v}}) {
-    for (std::size_t i = 0; i < owned_.size(); ++i)
-      ops.copy(full.f32() + owned_[i].first, moments + opt.moment_offset(i),
-               (owned_[i].second - owned_[i].first) * sizeof(float));
-    all_gather_blocks(full.get(), DType::F32);
-    ops.download(host, full.get(), full.bytes());
+  std::size_t largest = 0;
+  for (const GradBucket& b : buckets_) largest = std::max(largest, b.size());
+  ops::Buffer whole(ops, largest * sizeof(float), "a bucket gathered for a checkpoint");
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    const GradBucket& b = buckets_[i];
+    const std::size_t block = b.size() / std::size_t(dp_);
+    ops.copy(whole.f32() + std::size_t(s_.coord.dp) * block, packed + opt.moment_offset(i),
+             block * sizeof(float));
+    s_.comms.dp_for_model()->all_gather_start(whole.get(), b.size(), DType::F32)->wait_in_queue();
+    ops.download(host + b.begin, whole.get(), b.size() * sizeof(float));
   }
 }
 
+void GradSync::full_moments(AdamW& opt, float* m, float* v) {
+  download_whole(opt, opt.exp_avg(), m);
+  download_whole(opt, opt.exp_avg_sq(), v);
+}
+
 void GradSync::load_moments(const float* m, const float* v, AdamW& opt) {
-  for (std::size_t i = 0; i < owned_.size(); ++i) {
-    const auto [b, e] = owned_[i];
-    s_.ops->upload(opt.exp_avg() + opt.moment_offset(i), m + b, (e - b) * sizeof(float));
-    s_.ops->upload(opt.exp_avg_sq() + opt.moment_offset(i), v + b, (e - b) * sizeof(float));
-  }
+  opt.upload_ranges(opt.exp_avg(), m);
+  opt.upload_ranges(opt.exp_avg_sq(), v);
 }
 
 }  // namespace pptrain

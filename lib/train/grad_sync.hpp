@@ -42,18 +42,21 @@ class GradSync {
   // (ops::Ops::update_control with `grad_clip`), then the copy of those to the host.
   void finish(double grad_clip);
   // The optimizer step over this rank's ranges, skipped on the backend when the step's
-  // loss or norm is not finite, then (ZeRO) the all-gather of the updated blocks; the
-  // model's weight copy is up to date either way. Under ZeRO with a weight copy only the
-  // copy is gathered: call gather_master() before reading the fp32 parameters.
+  // loss or norm is not finite, then (ZeRO) the all-gather of the updated blocks of the
+  // parameters, or of the weight copy when the optimizer holds the master
+  // (optimizer_holds_master): 2 bytes a parameter on a GPU. The model's weight copy is up
+  // to date either way.
   void update(AdamW& opt, float lr, int64_t t);
-  // Makes every rank's fp32 parameters whole again (all-gathers the blocks); collective,
-  // a no-op unless the last update gathered only the weight copy.
-  void gather_master();
   // After the backend's wait_queue(): the step's loss summed over the data-parallel
   // ranks (each a sum of micro-batch means) and the global gradient norm.
   double loss_sum() const { return host_stats_.get()[0]; }
   double grad_norm() const;
 
+  // The fp32 master weights as a whole arena in host memory: the model's, or the
+  // optimizer's blocks all-gathered over dp bucket by bucket (collective then).
+  void read_params(AdamW& opt, float* host);
+  // Sets the master weights, and the weight copy, from a whole arena in host memory.
+  void write_params(AdamW& opt, const float* host);
   // Whole-arena moments for a checkpoint, in host memory (all-gathered over dp under ZeRO).
   void full_moments(AdamW& opt, float* m, float* v);
   // Puts whole-arena moments loaded from a checkpoint (host memory) into the optimizer's ranges.
@@ -69,12 +72,14 @@ class GradSync {
   // `dt`), or every bucket's, waited for in the compute queue.
   std::unique_ptr<comm::PendingOp> gather_block(std::size_t i, void* arena, DType dt);
   void all_gather_blocks(void* arena, DType dt);
+  // The whole arena of `packed` (one of the optimizer's arrays, its ranges packed) in
+  // host memory, through one bucket's buffer in backend memory under ZeRO.
+  void download_whole(AdamW& opt, const float* packed, float* host);
   // Sequence parallelism: sums the LayerNorm gradients over tp, packed in one message.
   void sum_layer_norms_over_tp();
 
   Session& s_;
   bool zero_, overlap_;
-  bool master_stale_ = false;  // the fp32 blocks of other ranks are older than the copy
   int dp_;
   std::vector<GradBucket> buckets_;
   // ZeRO with the embedding tied across stages: the buckets holding wte reduce only after

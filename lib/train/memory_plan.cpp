@@ -1,10 +1,14 @@
 #include "train/memory_plan.hpp"
 
+#include <algorithm>
+
 #include "model/activation_table.hpp"
 #include "model/param_layout.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/send_waits.hpp"
+#include "optim/adamw.hpp"
+#include "train/grad_buckets.hpp"
 #include "train/session.hpp"
 
 namespace pptrain {
@@ -61,16 +65,20 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   r.stage = stage;
   r.tp_rank = tp_rank;
   for (const ParamEntry& e : layout.entries()) r.parameters += double(e.numel);
-  r.weights = r.gradients = 4 * total;
+  r.gradients = 4 * total;
   if (p.sequence_parallel)  // the LayerNorm gradients, packed for their sum over tp
     for (const ParamEntry& e : layout.entries())
       if (e.layer_norm) r.gradients += 4 * double(e.numel);
   if (be.compute != DType::F32) r.weight_copy = total * double(dtype_size(be.compute));
-  if (p.zero == 1 && p.dp > 1) {  // a block of every bucket; they split the padded arena evenly
-    r.optimizer = 2 * 4 * total / p.dp;
-    if (!c.checkpoint.dir.empty()) r.checkpoint_gather = 4 * total;
-  } else {
-    r.optimizer = 2 * 4 * total;
+  // The optimizer's ranges: under ZeRO-1 a block of every bucket (the buckets split the
+  // padded arena evenly), with the master weights when the optimizer holds them.
+  const double shard = zero_shards(p) ? total / p.dp : total;
+  const bool master_sharded = optimizer_holds_master(p, be.compute);
+  r.weights = master_sharded ? 0 : 4 * total;
+  r.optimizer = (master_sharded ? 3 : 2) * 4 * shard;
+  if (zero_shards(p) && !c.checkpoint.dir.empty()) {  // a checkpoint gathers bucket by bucket
+    for (const GradBucket& b : plan_grad_buckets(layout, part, bucket_floats(p)))
+      r.checkpoint_gather = std::max(r.checkpoint_gather, 4 * double(b.size()));
   }
   // The activation table at this rank's shapes, through this rank's steps. A set whose
   // sends were left to complete in the background counts until the step from which the

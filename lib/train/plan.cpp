@@ -95,12 +95,13 @@ std::string describe_plan(const Config& c) {
                                                   c.train.recompute_layers)
                                     : std::string()));
   line("peak memory", fmt::format("{} predicted on the heaviest rank (stage {}, tp rank {}): "
-                                  "weights {}, gradients {}{}, optimizer state {}{}, "
+                                  "weights {}, gradients {}{}, optimizer state {}{}{}, "
                                   "activations {}, workspace {}",
                                   mib(r.total()), r.stage, r.tp_rank, mib(r.weights),
                                   mib(r.gradients),
                                   r.weight_copy > 0 ? ", bf16 copy " + mib(r.weight_copy) : "",
                                   mib(r.optimizer),
+                                  r.weights == 0 ? " (with the fp32 master weights)" : "",
                                   r.checkpoint_gather > 0
                                       ? ", gathered while saving " + mib(r.checkpoint_gather)
                                       : "",

@@ -55,14 +55,11 @@ void agree(Session& s, bool ok, const std::string& error) {
 
 }  // namespace
 
-std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* exp_avg_sq,
-                                const CheckpointMeta& meta) {
+std::string save_run_checkpoint(Session& s, const float* params, const float* exp_avg,
+                                const float* exp_avg_sq, const CheckpointMeta& meta) {
   const auto& ck = s.cfg.checkpoint;
-  std::vector<float> params(s.model.layout().total_floats());  // host copy of the master
-  s.model.read_params(params.data());
   if (s.grid.world_size() == 1)
-    return save_checkpoint(ck.dir, ck.keep, s.model.layout(), params.data(), exp_avg, exp_avg_sq,
-                           meta);
+    return save_checkpoint(ck.dir, ck.keep, s.model.layout(), params, exp_avg, exp_avg_sq, meta);
   const bool root = s.rank == 0;
   std::string error;
 
@@ -81,7 +78,7 @@ std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* e
     double* slot = slots.data() + std::size_t(s.rank) * kSlot;
     try {
       const std::string tmp = temp_step_dir(ck.dir, meta.step);
-      put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), params.data()));
+      put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), params));
       put(slot + 3, write_optimizer_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), exp_avg,
                                           exp_avg_sq));
     } catch (const std::exception& e) {
@@ -114,21 +111,17 @@ std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* e
   return step_dir_path(ck.dir, meta.step);
 }
 
-CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
-                                   float* exp_avg_sq) {
-  std::vector<float> params(s.model.layout().total_floats(), 0.0f);
+CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* params,
+                                   float* exp_avg, float* exp_avg_sq) {
   CheckpointMeta meta = load_checkpoint(path, gpt_param_layout(s.cfg.model), s.model.layout(),
-                                        params.data(), exp_avg, exp_avg_sq);
-  s.model.write_params(params.data());
+                                        params, exp_avg, exp_avg_sq);
   if (s.logs()) spdlog::info("loaded checkpoint {} (step {})", path, meta.step);
   return meta;
 }
 
-void init_from_hf(Session& s) {
-  std::vector<float> params(s.model.layout().total_floats(), 0.0f);
+void init_from_hf(Session& s, float* params) {
   const InitFromResult r =
-      load_hf_weights(s.cfg.checkpoint.init_from, s.cfg.model, s.model.layout(), params.data());
-  s.model.write_params(params.data());
+      load_hf_weights(s.cfg.checkpoint.init_from, s.cfg.model, s.model.layout(), params);
   if (!s.logs()) return;
   std::string notes;
   for (const std::string& n : r.notes) notes += "; " + n;

@@ -12,22 +12,23 @@
 
 namespace pptrain {
 
-// Collective. `exp_avg`/`exp_avg_sq` are this rank's whole-arena AdamW moments.
-// Returns the step dir written (on every rank). If any rank fails, every rank throws
-// std::runtime_error, the partial temp dir is removed and the previous checkpoints and
-// `latest` are left as they were.
-std::string save_run_checkpoint(Session& s, const float* exp_avg, const float* exp_avg_sq,
-                                const CheckpointMeta& meta);
+// Collective. `params`, `exp_avg` and `exp_avg_sq` are this rank's whole-arena master
+// weights and AdamW moments, in host memory. Returns the step dir written (on every
+// rank). If any rank fails, every rank throws std::runtime_error, the partial temp dir
+// is removed and the previous checkpoints and `latest` are left as they were.
+std::string save_run_checkpoint(Session& s, const float* params, const float* exp_avg,
+                                const float* exp_avg_sq, const CheckpointMeta& meta);
 
-// Loads `path` (either format, any layout) into this rank's parameters and, when the
-// moment arenas are given (whole-arena, both or neither), the optimizer moments. Every
-// rank calls it; a rank reads only the files holding its slices. InputError for a bad
-// or mismatched checkpoint.
-CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* exp_avg,
-                                   float* exp_avg_sq);
+// Loads `path` (either format, any layout) into this rank's whole-arena host arrays: the
+// parameters and, when the moment arenas are given (both or neither), the optimizer
+// moments. Every rank calls it; a rank reads only the files holding its slices.
+// InputError for a bad or mismatched checkpoint.
+CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* params,
+                                   float* exp_avg, float* exp_avg_sq);
 
-// This rank's weights from checkpoint.init_from (a Hugging Face GPT-2 model), logged on
-// rank 0 with what was adapted. InputError for a file that does not fit the model.
-void init_from_hf(Session& s);
+// This rank's weights from checkpoint.init_from (a Hugging Face GPT-2 model), into its
+// whole-arena host array, logged on rank 0 with what was adapted. InputError for a file
+// that does not fit the model.
+void init_from_hf(Session& s, float* params);
 
 }  // namespace pptrain

@@ -8,6 +8,7 @@
 #include "comm/nccl_comm.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
+#include "optim/adamw.hpp"
 #include "pipeline/schedule.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/memory_check.hpp"
@@ -122,7 +123,10 @@ Session::Session(const Config& config)
       ops(make_rank_backend(config, grid, comms)),
       model(config.model, config.parallel.micro_batch_size, *ops,
             rank_partition(config, coord.pp, coord.tp),
-            comms.tp_for_model(), activation_policy(config)),
+            comms.tp_for_model(), activation_policy(config),
+            optimizer_holds_master(config.parallel, ops->compute_dtype())
+                ? GptModel::Master::InOptimizer
+                : GptModel::Master::InModel),
       executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}

@@ -93,10 +93,14 @@ bool stop_requested_anywhere(Session& s, const StopSignals& signals) {
   return stop > 0;
 }
 
-// True when every parameter of every rank is finite.
-bool parameters_finite(Session& s) {
+// True when every master weight of every rank is finite: the model's, or the blocks the
+// optimizer holds.
+bool parameters_finite(Session& s, AdamW& opt) {
+  const ops::Span master = s.model.params()
+                               ? ops::Span{s.model.params(), s.model.layout().total_floats()}
+                               : ops::Span{opt.master(), opt.size()};
   // A sum of fp32 squares in fp64 cannot overflow: it is finite iff every element is.
-  const double sq = s.ops->sum_squares({{s.model.params(), s.model.layout().total_floats()}});
+  const double sq = s.ops->sum_squares({master});
   double bad = std::isfinite(sq) ? 0 : 1;
   s.comms.all->all_reduce(&bad, 1, comm::ReduceOp::Max);
   return bad == 0;
@@ -156,7 +160,8 @@ RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
       data_(TrainData::open(cfg_.data, cfg_.model, cfg_.train.seed)),
       val_(load_validation_tokens(cfg_.data, cfg_.model, cfg_.train.seed)),
       sync_(s),
-      opt_(*s.ops, s.model.layout(), cfg_.train, sync_.ranges()),
+      opt_(*s.ops, s.model.layout(), cfg_.train, sync_.ranges(),
+           /*holds_master=*/s.model.params() == nullptr),
       mode_(message_mode(cfg_, s.ops->device_memory())),
       pipeline_steps_(s.executor.all_steps()),
       bubble_theory_(theoretical_bubble(cfg_.parallel.schedule, cfg_.parallel.pp,
@@ -211,10 +216,11 @@ void RankTrainer::resume_or_init() {
                                  : resolve_resume(dir, cfg_.checkpoint.resume);
   if (!resume.empty()) {
     const size_t arena = s_.model.layout().total_floats();
-    AlignedBuffer<float> m(arena), v(arena);
-    const CheckpointMeta meta = load_run_checkpoint(s_, resume, m.data(), v.data());
+    AlignedBuffer<float> params(arena), m(arena), v(arena);
+    const CheckpointMeta meta = load_run_checkpoint(s_, resume, params.data(), m.data(), v.data());
     check_same_model(cfg_, meta, resume);
     result_.steps_done = first_step_ = meta.step;
+    sync_.write_params(opt_, params.data());
     sync_.load_moments(m.data(), v.data(), opt_);
     if (s_.logs()) spdlog::info("resumed from {} at step {}", resume, first_step_);
     return;
@@ -227,11 +233,16 @@ void RankTrainer::resume_or_init() {
                          : dir + ": already holds checkpoints of an earlier run; set "
                                  "checkpoint.resume: auto to continue it, or choose "
                                  "another checkpoint.dir");
-  if (cfg_.checkpoint.init_from.empty()) {
-    s_.model.init_parameters(cfg_.train.seed);
+  if (cfg_.checkpoint.init_from.empty() && s_.model.params()) {
+    s_.model.init_parameters(cfg_.train.seed);  // in place in host memory
     return;
   }
-  init_from_hf(s_);
+  std::vector<float> params(s_.model.layout().total_floats(), 0.0f);
+  if (cfg_.checkpoint.init_from.empty())
+    s_.model.initial_parameters(cfg_.train.seed, params.data());
+  else
+    init_from_hf(s_, params.data());
+  sync_.write_params(opt_, params.data());
 }
 
 void RankTrainer::log_start() const {
@@ -377,8 +388,7 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
 void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
   if (cfg_.checkpoint.dir.empty() || !(due(n, cfg_.checkpoint.every, last_step_) || o.report.stop))
     return;
-  sync_.gather_master();
-  if (!parameters_finite(s_))
+  if (!parameters_finite(s_, opt_))
     throw std::runtime_error("step " + std::to_string(n) +
                              ": the model has non-finite parameters; not checkpointed");
   CheckpointMeta meta;
@@ -389,9 +399,10 @@ void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
                       {"loss", o.loss}};
   meta.extra_files["config.json"] = hf_gpt2_config(cfg_.model);
   const size_t arena = s_.model.layout().total_floats();
-  AlignedBuffer<float> m(arena), v(arena);
+  AlignedBuffer<float> params(arena), m(arena), v(arena);
+  sync_.read_params(opt_, params.data());
   sync_.full_moments(opt_, m.data(), v.data());
-  result_.last_checkpoint = save_run_checkpoint(s_, m.data(), v.data(), meta);
+  result_.last_checkpoint = save_run_checkpoint(s_, params.data(), m.data(), v.data(), meta);
 }
 
 void RankTrainer::finish_logs() {

@@ -82,6 +82,33 @@ TEST(MixedPrecision, WeightCopyIsTheRoundedMaster) {
   expect_copy_is_rounded_master(bf);
 }
 
+// Under a distributed optimizer the model holds no master: write_params sets the copy
+// alone, staged through the gradient arena, which it leaves zeroed; the loss is that of
+// the model that keeps its master.
+TEST(MixedPrecision, AModelWithoutItsMasterHoldsTheRoundedCopy) {
+  Trainee keeps(test_support::make_bf16_cpu_ops());
+  auto ops = test_support::make_bf16_cpu_ops();
+  GptModel lean(small_model(), 2, *ops, whole_model(small_model()), nullptr, {},
+                GptModel::Master::InOptimizer);
+  EXPECT_EQ(lean.params(), nullptr);
+  const size_t n = lean.layout().total_floats();
+  std::vector<float> master(n), copy(n), grads(n, 1.0f);
+  keeps.model.read_params(master.data());
+  lean.write_params(master.data());
+  ops->to_float(copy.data(), lean.weights(), n);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(copy[i], test_support::from_bf16(test_support::to_bf16(master[i]))) << i;
+  ops->download(grads.data(), lean.grads(), n * sizeof(float));
+  EXPECT_EQ(grads, std::vector<float>(n, 0.0f));
+  const ModelConfig m = small_model();
+  const auto in = tokens(2 * m.seq_len, m.vocab_size, 13), tg = tokens(2 * m.seq_len, m.vocab_size, 14);
+  EXPECT_EQ(lean.forward(in.data(), tg.data()), keeps.model.forward(in.data(), tg.data()));
+  EXPECT_THROW(lean.read_params(master.data()), std::exception);
+  auto fp32 = ops::make_cpu_ops(1);
+  EXPECT_THROW(GptModel(m, 2, *fp32, whole_model(m), nullptr, {}, GptModel::Master::InOptimizer),
+               std::exception);
+}
+
 TEST(MixedPrecision, LossAndGradientsMatchFp32UpToBf16Rounding) {
   Trainee bf(test_support::make_bf16_cpu_ops()), fp(ops::make_cpu_ops(1));
   const ModelConfig m = small_model();

@@ -2,6 +2,7 @@
 // as one AdamW over the whole arena, and shard norms must add up to the whole norm.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -82,6 +83,47 @@ TEST(AdamWShards, RangesOfSeveralBucketsMatchTheWholeArena) {
   EXPECT_EQ(p_whole, p_shard);
   EXPECT_EQ(whole.exp_avg_sq()[c + 2], odd.exp_avg_sq()[odd.moment_offset(1) + 2]);
   EXPECT_EQ(whole.exp_avg()[b + 1], even.exp_avg()[even.moment_offset(1) + 1]);
+}
+
+// The distributed optimizer: the master weights are the optimizer's, its ranges packed
+// like the moments; the update writes them and the caller's weight copy, and matches one
+// AdamW over the whole arena.
+TEST(AdamWShards, AnOptimizerHoldingTheMasterMatchesTheWholeArena) {
+  auto [layout, p_whole, p_copy, g] = small_arenas(5);
+  TrainConfig t;
+  t.weight_decay = 0.1;
+  const size_t n = layout.total_floats(), a = n / 3 + 7, b = 2 * n / 3;
+  AdamW whole(cpu(), layout, t);
+  AdamW mine(cpu(), layout, t, {{a, b}, {0, a / 2}}, /*holds_master=*/true);
+  ASSERT_NE(mine.master(), nullptr);
+  EXPECT_EQ(whole.master(), nullptr);
+  mine.upload_ranges(mine.master(), p_whole.data());
+  for (int step = 1; step <= 3; ++step) {
+    whole.step(p_whole.data(), nullptr, g.data(), 1e-2f, 1.0f, step);
+    mine.step(nullptr, ops::as_act(p_copy.data()), g.data(), 1e-2f, 1.0f, step);
+  }
+  for (size_t i = 0; i < b - a; ++i) ASSERT_EQ(mine.master()[i], p_whole[a + i]) << i;
+  for (size_t i = 0; i < a / 2; ++i) ASSERT_EQ(mine.master()[mine.moment_offset(1) + i], p_whole[i]) << i;
+  std::vector<bool> in_entry(n, false);
+  for (const ParamEntry& e : layout.entries()) std::fill_n(in_entry.begin() + long(e.offset), e.numel, true);
+  size_t others_kept = 0, others = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool owned = (i >= a && i < b) || i < a / 2;
+    if (owned) ASSERT_EQ(p_copy[i], p_whole[i]) << i;  // the copy's owned elements updated
+    if (owned || !in_entry[i]) continue;
+    ++others;
+    others_kept += p_copy[i] != p_whole[i];
+  }
+  EXPECT_EQ(others_kept, others);  // and no other
+}
+
+TEST(AdamWShards, TheMasterComesFromTheCallerOrTheOptimizerNotBoth) {
+  auto [layout, p_whole, p_copy, g] = small_arenas(6);
+  TrainConfig t;
+  AdamW mine(cpu(), layout, t, {{0, 64}}, /*holds_master=*/true);
+  EXPECT_THROW(mine.step(p_whole.data(), nullptr, g.data(), 1e-2f, 1.0f, 1), std::exception);
+  AdamW theirs(cpu(), layout, t, {{0, 64}});
+  EXPECT_THROW(theirs.step(nullptr, nullptr, g.data(), 1e-2f, 1.0f, 1), std::exception);
 }
 
 }  // namespace

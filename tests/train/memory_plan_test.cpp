@@ -19,13 +19,16 @@ double state_bytes(int dp, int zero, bool cuda) {
 }
 
 // fp32 weights and gradients (4 + 4), the moments (8) over d under ZeRO-1, and on a GPU
-// the bf16 weight copy (2); the arena's alignment gaps add well under 1%.
+// the bf16 weight copy (2), with the fp32 master (4) over d too under ZeRO-1; the arena's
+// alignment gaps add well under 1%.
 TEST(MemoryPlan, StateBytesPerParameter) {
   EXPECT_NEAR(state_bytes(1, 0, false), 16.0, 0.1);
   EXPECT_NEAR(state_bytes(2, 1, false), 8.0 + 8.0 / 2, 0.1);
   EXPECT_NEAR(state_bytes(4, 1, false), 8.0 + 8.0 / 4, 0.1);
   EXPECT_NEAR(state_bytes(1, 0, true), 18.0, 0.1);
-  EXPECT_NEAR(state_bytes(4, 1, true), 10.0 + 8.0 / 4, 0.1);
+  // A GPU's distributed optimizer shards the fp32 master with the moments.
+  EXPECT_NEAR(state_bytes(2, 1, true), 6.0 + 12.0 / 2, 0.1);
+  EXPECT_NEAR(state_bytes(4, 1, true), 6.0 + 12.0 / 4, 0.1);
 }
 
 // An allocation that fails names what it was for, how much was asked and held; the run
