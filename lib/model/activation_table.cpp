@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 
@@ -14,6 +15,7 @@ const char* lifetime_name(Lifetime life) {
     case Lifetime::UntilB: return "F..B";
     case Lifetime::FromB: return "B..W";
     case Lifetime::Workspace: return "workspace";
+    case Lifetime::Boundary: return "boundary, lent";
   }
   return "?";
 }
@@ -140,10 +142,9 @@ std::size_t slot_bytes(Slot slot, const ActivationShape& s, const ActivationPoli
 Lifetime slot_lifetime(Slot slot, Recompute mode, const ActivationPolicy& policy) {
   const ActivationEntry& e = row(slot).entry;
   if (scratch(slot)) return Lifetime::Workspace;
-  // The recomputation's checkpoint and the messages' buffers.
-  if (slot == Slot::x || slot == Slot::output || slot == Slot::output_grad ||
-      slot == Slot::input_grad || slot == Slot::tokens)
-    return Lifetime::Set;
+  if (slot == Slot::output || slot == Slot::output_grad || slot == Slot::input_grad)
+    return Lifetime::Boundary;
+  if (slot == Slot::x || slot == Slot::tokens) return Lifetime::Set;  // the recomputation's checkpoint
   const bool fused = mode == Recompute::Full && policy.weight_follows_input;
   if (e.written_by[0] == 'B') return fused && slot != Slot::dx ? Lifetime::Workspace : Lifetime::FromB;
   if (mode == Recompute::Full) return e.read_by_w && !fused ? Lifetime::FromB : Lifetime::Workspace;
@@ -161,6 +162,10 @@ ChunkActivationLayout chunk_activation_layout(const ActivationShape& shape,
   out.last = last;
   auto place = [&](std::size_t bytes, Lifetime life) {
     std::size_t& end = out.part_bytes[int(life)];
+    if (life == Lifetime::Boundary) {  // a buffer of its own
+      end = std::max(end, bytes);
+      return ChunkActivationLayout::Where{life, 0, bytes};
+    }
     const ChunkActivationLayout::Where w{life, end, bytes};
     end += (bytes + kAlign - 1) / kAlign * kAlign;
     return w;

@@ -38,7 +38,13 @@ enum class Lifetime {
   UntilB,     // written by the forward, read by B alone: given back when B ends
   FromB,      // written by B or by B's recomputation, read by W: from B until released
   Workspace,  // one copy per model, shared by all micro-batches: scratch, or recomputed
+  // A stage-boundary array (output, output_grad, input_grad), each its own buffer lent by
+  // the model from first use: a sent output until its send is done (a last chunk's until
+  // the set is released), a gradient until the set is released. A hop between chunks on
+  // one rank writes straight into the other set's array instead (see PipelineExecutor).
+  Boundary,
 };
+constexpr int kLifetimes = 5;
 const char* lifetime_name(Lifetime life);
 
 // The buffers, per layer of a chunk, then per chunk, then the last chunk's head.
@@ -97,7 +103,8 @@ struct ChunkActivationLayout {
   // Where the forward of a fully recomputed layer writes the slots B's recomputation
   // keeps for W (B..W slots written by F): the workspace. [slot]
   std::vector<Where> forward_scratch;
-  std::size_t part_bytes[4] = {0, 0, 0, 0};  // by Lifetime (Workspace: this chunk's need)
+  // By Lifetime (Workspace: this chunk's need; Boundary: the size of one boundary array).
+  std::size_t part_bytes[kLifetimes] = {0, 0, 0, 0, 0};
   const Where& at(int layer, Slot s) const {
     return is_layer_slot(s) ? layer_slots[std::size_t(layer) * kLayerSlots + std::size_t(s)]
                             : chunk_slots[std::size_t(s) - kLayerSlots];

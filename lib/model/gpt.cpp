@@ -124,6 +124,7 @@ float GptModel::forward(int chunk, Activations& a, const int32_t* tokens, const 
   const int n = c.layer_end - c.layer_begin;
   const size_t N = size_t(B_) * T_;
   lend(a, Lifetime::UntilB);
+  output(a);  // lent here, unless it is the next chunk's input on this rank
   a.weight_done = false;
   if (c.first) {
     ops_.upload(act(a, Slot::tokens), tokens, sizeof(int32_t) * N);
@@ -250,6 +251,7 @@ void GptModel::backward_input(int chunk, Activations& a, const LayerFn& layer_do
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const bool fused = fused_backward_[size_t(chunk)];
   lend(a, Lifetime::FromB);
+  input_grad(a);  // lent here, unless it is the previous chunk's output_grad on this rank
   if (c.last) head_backward_input(a);
   for (int l = c.layer_end - 1; l >= c.layer_begin; --l) {
     const int i = l - c.layer_begin;

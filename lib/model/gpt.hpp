@@ -86,10 +86,19 @@ class GptModel {
   void zero_grads();
 
   // A chunk's set: its kept buffers. The buffers kept only until B, or only from B to W,
-  // are lent from the model's spares while needed; release_parts returns what a set
-  // still holds (before it is pooled or dropped).
+  // are lent from the model's spares while needed; release_parts returns them once W
+  // is done. The boundary arrays are lent one by one (Lifetime::Boundary) from their
+  // first use; release_boundaries returns what a set holds of them (once no send reads
+  // them), return_boundary one of them (Slot::output, output_grad or input_grad).
   std::unique_ptr<Activations> new_activations(int chunk) const;
   void release_parts(Activations& a);
+  void release_boundaries(Activations& a);
+  void return_boundary(Activations& a, Slot s);
+  // A hop between chunks on this rank writes straight into the other set's array: the
+  // forward's output into the next chunk's input_buffer, the input gradient into the
+  // previous chunk's output_grad.
+  void output_into(Activations& a, ops::Act* next_input);
+  void input_grad_into(Activations& a, ops::Act* previous_output_grad);
   // Bytes of one stage-boundary array: the [batch * seq_len, d_model] rows this rank holds
   // (N / tp of them under sequence parallelism), what is sent between stages.
   std::size_t boundary_bytes() const;
@@ -128,11 +137,12 @@ class GptModel {
   void backward_input();   // single-chunk whole model
   void backward_weight();  // single-chunk whole model
 
-  // Stage-boundary arrays in backend memory, boundary_bytes() each.
-  ops::Act* input_buffer(Activations& a) const;         // where a non-first chunk's input is received
-  ops::Act* output(Activations& a) const;               // the held rows, sent forward
-  ops::Act* output_grad(Activations& a) const;          // where dL/d(output) is received
-  ops::Act* input_grad(Activations& a) const;           // dL/d(input), sent back
+  // Stage-boundary arrays in backend memory, boundary_bytes() each; the last three are
+  // lent to the set when first asked for.
+  ops::Act* input_buffer(Activations& a) const;  // where a non-first chunk's input is received
+  ops::Act* output(Activations& a);              // the held rows, sent forward
+  ops::Act* output_grad(Activations& a);         // where dL/d(output) is received
+  ops::Act* input_grad(Activations& a);          // dL/d(input), sent back
   // Per-position losses [batch, seq_len] (host copy) of a last chunk's forward.
   const std::vector<float>& position_losses(const Activations& a) const;
   const std::vector<float>& position_losses() const;  // single-chunk whole model
@@ -158,6 +168,7 @@ class GptModel {
   void init_activation_layouts();
   void lend(Activations& a, Lifetime part);
   void give_back(Activations& a, Lifetime part);
+  ops::Act* boundary(Activations& a, Slot s);  // lent on first use
   bool scatters_messages() const;  // message_part() is a 1/tp share
   void layer_forward(int layer, const LayerView& v);
   void layer_backward_input(int layer, const LayerView& v);
@@ -184,6 +195,7 @@ class GptModel {
   ops::Buffer workspace_;                       // the Workspace slots, shared by all sets
   // Spare UntilB and FromB parts, per chunk, lent to sets while they need them.
   std::vector<std::vector<ops::Buffer>> spare_until_b_, spare_from_b_;
+  std::vector<ops::Buffer> spare_boundaries_;  // boundary arrays, any chunk's
   std::unique_ptr<Activations> whole_;  // activations of the single-chunk helpers
 };
 
@@ -194,6 +206,10 @@ struct GptModel::Activations {
   int chunk = 0;
   ops::Buffer set;               // the Set slots
   ops::Buffer until_b, from_b;   // the UntilB and FromB slots, lent by the model
+  // The boundary arrays (output, output_grad, input_grad): null until first used, then
+  // the model's buffer lent to the set (in `lent`) or another set's array (a hop).
+  ops::Act* boundaries[3] = {nullptr, nullptr, nullptr};
+  ops::Buffer lent[3];
   bool weight_done = false;      // backward_input already ran W (fused)
   std::vector<float> host_losses;  // losses, copied to the host by the forward
 };

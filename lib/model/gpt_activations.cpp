@@ -1,6 +1,7 @@
 // GptModel's activation memory: each chunk's layout from the activation table, the sets,
 // the parts lent between passes, the shared workspace, and the views the passes use.
 #include <algorithm>
+#include <stdexcept>
 
 #include "core/error.hpp"
 #include "model/gpt.hpp"
@@ -68,6 +69,52 @@ void GptModel::release_parts(Activations& a) {
   give_back(a, Lifetime::FromB);
 }
 
+namespace {
+int boundary_index(Slot s) {
+  switch (s) {
+    case Slot::output: return 0;
+    case Slot::output_grad: return 1;
+    case Slot::input_grad: return 2;
+    default: throw std::logic_error("not a boundary slot");
+  }
+}
+}  // namespace
+
+ops::Act* GptModel::boundary(Activations& a, Slot s) {
+  const int i = boundary_index(s);
+  if (a.boundaries[i]) return a.boundaries[i];
+  if (spare_boundaries_.empty()) {
+    a.lent[i] = ops::Buffer(ops_, boundary_bytes(), "a stage-boundary array");
+  } else {
+    a.lent[i] = std::move(spare_boundaries_.back());
+    spare_boundaries_.pop_back();
+  }
+  return a.boundaries[i] = a.lent[i].act();
+}
+
+void GptModel::release_boundaries(Activations& a) {
+  for (int i = 0; i < 3; ++i) {
+    if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
+    a.boundaries[i] = nullptr;
+  }
+}
+
+void GptModel::return_boundary(Activations& a, Slot s) {
+  const int i = boundary_index(s);
+  if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
+  a.boundaries[i] = nullptr;
+}
+
+void GptModel::output_into(Activations& a, ops::Act* next_input) {
+  PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::output)], "the output is already held");
+  a.boundaries[boundary_index(Slot::output)] = next_input;
+}
+
+void GptModel::input_grad_into(Activations& a, ops::Act* previous_output_grad) {
+  PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::input_grad)], "the input gradient is already held");
+  a.boundaries[boundary_index(Slot::input_grad)] = previous_output_grad;
+}
+
 // The slot's buffer for layer `local` of the set's chunk (per-chunk slots ignore it). In
 // the forward, a fully recomputed layer writes its B..W slots into the workspace.
 void* GptModel::slot(Activations& a, int local, Slot s, bool forward) const {
@@ -77,12 +124,18 @@ void* GptModel::slot(Activations& a, int local, Slot s, bool forward) const {
       activation_entry(s).written_by[0] == 'F')
     w = L.forward_scratch[std::size_t(s)];
   if (w.bytes == 0) return nullptr;
+  if (w.life == Lifetime::Boundary) {
+    ops::Act* held = a.boundaries[boundary_index(s)];
+    PPTRAIN_CHECK(held, std::string("boundary array '") + activation_entry(s).name + "' is not held");
+    return held;
+  }
   const ops::Buffer* part = nullptr;
   switch (w.life) {
     case Lifetime::Set: part = &a.set; break;
     case Lifetime::UntilB: part = &a.until_b; break;
     case Lifetime::FromB: part = &a.from_b; break;
     case Lifetime::Workspace: part = &workspace_; break;
+    case Lifetime::Boundary: break;
   }
   PPTRAIN_CHECK(part->get() != nullptr, std::string("activation part of '") +
                                             activation_entry(s).name + "' is not held");
@@ -105,7 +158,8 @@ GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const
   auto F = [&](Slot s) { return static_cast<float*>(slot(a, i, s, forward)); };
   LayerView v{};
   v.x = A(Slot::x);
-  v.out = i + 1 < n ? static_cast<ops::Act*>(slot(a, i + 1, Slot::x)) : act(a, Slot::output);
+  if (forward)  // B's recomputation writes its own copy (recomputed_out)
+    v.out = i + 1 < n ? static_cast<ops::Act*>(slot(a, i + 1, Slot::x)) : act(a, Slot::output);
   if (!forward) {
     v.dx = i == 0 ? act(a, Slot::input_grad) : A(Slot::dx);
     v.dout = i + 1 < n ? static_cast<ops::Act*>(slot(a, i + 1, Slot::dx)) : act(a, Slot::output_grad);
@@ -137,7 +191,7 @@ GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const
 }
 
 std::size_t GptModel::boundary_bytes() const {
-  return activation_layout(0).at(0, Slot::output).bytes;
+  return activation_layout(0).part_bytes[int(Lifetime::Boundary)];
 }
 
 // Split by elements: C, and so every boundary array, is a multiple of tp.
@@ -158,8 +212,8 @@ void GptModel::complete_message(ops::Act* boundary) {
 ops::Act* GptModel::input_buffer(Activations& a) const {
   return static_cast<ops::Act*>(slot(a, 0, Slot::x));
 }
-ops::Act* GptModel::output(Activations& a) const { return act(a, Slot::output); }
-ops::Act* GptModel::output_grad(Activations& a) const { return act(a, Slot::output_grad); }
-ops::Act* GptModel::input_grad(Activations& a) const { return act(a, Slot::input_grad); }
+ops::Act* GptModel::output(Activations& a) { return boundary(a, Slot::output); }
+ops::Act* GptModel::output_grad(Activations& a) { return boundary(a, Slot::output_grad); }
+ops::Act* GptModel::input_grad(Activations& a) { return boundary(a, Slot::input_grad); }
 
 }  // namespace pptrain

@@ -1,6 +1,9 @@
 #include "pipeline/executor.hpp"
 
 #include <algorithm>
+#include <array>
+#include <optional>
+#include <utility>
 
 #include "core/error.hpp"
 #include "pipeline/send_waits.hpp"
@@ -35,62 +38,128 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
   return part;
 }
 
+// The executor's rules, step by step, on counts instead of buffers: sets come from a
+// chunk's pool (a released set whose sends are still leaving rejoins it when the chunk
+// next needs a set and the plan reuses it by then), the lent parts and boundary arrays
+// as GptModel lends them.
 ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
                                  int stage, const std::vector<bool>& fused,
                                  const std::vector<std::size_t>& reusable) {
+  using Key = std::pair<int, int>;
   const std::size_t v = std::size_t(placement.chunks());
-  ActivationPeaks peak{std::vector<int>(v), std::vector<int>(v), std::vector<int>(v)};
-  std::vector<int> sets(v), until_b(v), from_b(v);
-  std::set<std::pair<int, int>> live, holds_until_b, weight_done, sent;
-  // Sets with sends in the background: the step from which each is reused, and the
-  // released ones that count until then (step -> chunk).
-  std::map<std::pair<int, int>, std::size_t> reused_from;
-  std::multimap<std::size_t, int> freed_at;
+  ActivationPeaks peak{std::vector<int>(v), std::vector<int>(v), std::vector<int>(v), 0};
+  std::vector<int> pooled(v), until_b(v), from_b(v);
+  int arrays = 0;  // boundary arrays lent to live or draining sets
+  std::set<Key> live, holds_until_b, weight_done, sent;
+  enum Array { Output, OutputGrad, InputGrad };
+  std::map<Key, std::array<bool, 3>> lent;  // the boundary arrays lent to each live set
+  std::map<Key, std::size_t> reused_from;  // sets with sends in the background
+  struct Draining {
+    int chunk;
+    std::size_t from;
+    int arrays;
+  };
+  std::vector<Draining> draining;
   auto count = [](std::vector<int>& now, std::vector<int>& most, int c, int delta) {
     now[size_t(c)] += delta;
     most[size_t(c)] = std::max(most[size_t(c)], now[size_t(c)]);
   };
-  auto touch = [&](int mb, int c) {
-    if (live.insert({mb, c}).second) count(sets, peak.sets, c, 1);
+  auto acquire = [&](const Key& key, std::size_t step) {
+    if (!live.insert(key).second) return;
+    const int c = key.second;
+    if (pooled[size_t(c)] == 0)
+      for (auto d = draining.begin(); d != draining.end(); ++d)
+        if (d->chunk == c && d->from <= step) {  // PipelineExecutor::reuse_drained
+          arrays -= d->arrays;
+          ++pooled[size_t(c)];
+          draining.erase(d);
+          break;
+        }
+    if (pooled[size_t(c)] > 0)
+      --pooled[size_t(c)];
+    else
+      ++peak.sets[size_t(c)];
   };
-  auto release = [&](std::pair<int, int> key, std::size_t step) {
+  auto lend = [&](const Key& key, Array which) {
+    lent[key][which] = true;
+    peak.boundaries = std::max(peak.boundaries, ++arrays);
+  };
+  auto give_back = [&](const Key& key, Array which) {
+    if (std::exchange(lent[key][which], false)) --arrays;
+  };
+  auto release = [&](const Key& key) {
     live.erase(key);
     weight_done.erase(key);
     sent.erase(key);
     if (holds_until_b.erase(key)) count(until_b, peak.until_b, key.second, -1);
-    const auto held = reused_from.find(key);
-    if (held != reused_from.end() && held->second > step + 1)
-      freed_at.insert({held->second, key.second});
-    else
-      count(sets, peak.sets, key.second, -1);
-    if (held != reused_from.end()) reused_from.erase(held);
+    const auto from = reused_from.find(key);
+    if (from != reused_from.end()) {  // the sends may read the output and input_grad
+      give_back(key, OutputGrad);
+      if (placement.is_last(stage, key.second)) give_back(key, Output);
+      const std::array<bool, 3>& held = lent[key];
+      draining.push_back({key.second, from->second, int(held[Output]) + int(held[InputGrad])});
+      reused_from.erase(from);
+    } else {
+      for (Array a : {Output, OutputGrad, InputGrad}) give_back(key, a);
+      ++pooled[size_t(key.second)];
+    }
+    lent.erase(key);
+  };
+  auto gradient_sent = [&](const Key& key) {
+    sent.insert(key);
+    if (weight_done.count(key)) release(key);
+  };
+  // The chunk on this rank a message of `a` goes to, if it stays on the rank.
+  auto local_peer = [&](const Action& a) -> std::optional<Key> {
+    if (!is_local_send(placement, stage, a)) return std::nullopt;
+    return Key{a.microbatch, message_peer(placement, stage, a).chunk};
   };
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    for (auto it = freed_at.begin(); it != freed_at.end() && it->first <= i; it = freed_at.erase(it))
-      count(sets, peak.sets, it->second, -1);
     const Step& step = steps[i];
-    for (const Action& a : step.actions) {
-      const std::pair<int, int> key{a.microbatch, a.chunk};
-      const bool first = placement.is_first(stage, a.chunk);
-      touch(a.microbatch, a.chunk);
-      if (step.kind == Step::LocalCopy) touch(a.microbatch, message_peer(placement, stage, a).chunk);
-      if (step.kind == Step::PostSends && !reusable.empty())
-        reused_from[key] = std::max(reused_from[key], reusable[i]);
-      if (a.op == Op::Forward && holds_until_b.insert(key).second) count(until_b, peak.until_b, a.chunk, 1);
-      if (a.op == Op::BackwardInput) {
-        count(from_b, peak.from_b, a.chunk, 1);
-        if (holds_until_b.erase(key)) count(until_b, peak.until_b, a.chunk, -1);
-        if (fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
+    if (step.kind == Step::Messages || step.kind == Step::PostSends) {  // as communicate()
+      for (const Action& a : step.actions) {
+        const Key key{a.microbatch, a.chunk};
+        acquire(key, i);
+        if (a.op == Op::RecvBackward) lend(key, OutputGrad);
+        if (step.kind == Step::PostSends && !reusable.empty()) {
+          std::size_t& from = reused_from[key];
+          from = std::max(from, reusable[i]);
+        }
       }
-      if (a.op == Op::BackwardWeight) {
-        if (!fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
-        weight_done.insert(key);
-        if (first || sent.count(key)) release(key, i);
-      }
-      if (a.op == Op::SendBackward) {
-        sent.insert(key);
-        if (weight_done.count(key)) release(key, i);
-      }
+      for (const Action& a : step.actions)  // a sent output, done with its batch
+        if (step.kind == Step::Messages && a.op == Op::SendForward) give_back({a.microbatch, a.chunk}, Output);
+      for (const Action& a : step.actions)
+        if (a.op == Op::SendBackward) gradient_sent({a.microbatch, a.chunk});
+      continue;
+    }
+    const Action& a = step.actions[0];
+    const Key key{a.microbatch, a.chunk};
+    if (step.kind == Step::LocalCopy) {  // the pass already wrote into the other set
+      if (a.op == Op::SendBackward) gradient_sent(key);
+      continue;
+    }
+    const bool first = placement.is_first(stage, a.chunk), last = placement.is_last(stage, a.chunk);
+    acquire(key, i);
+    if (a.op == Op::Forward) {
+      const std::optional<Key> next = last ? std::nullopt : local_peer({Op::SendForward, a.microbatch, a.chunk});
+      if (next) acquire(*next, i);  // the output is written into its input
+      if (holds_until_b.insert(key).second) count(until_b, peak.until_b, a.chunk, 1);
+      if (!next) lend(key, Output);
+    }
+    if (a.op == Op::BackwardInput) {
+      const std::optional<Key> previous =
+          first ? std::nullopt : local_peer({Op::SendBackward, a.microbatch, a.chunk});
+      if (previous) lend(*previous, OutputGrad);  // written as this input gradient
+      count(from_b, peak.from_b, a.chunk, 1);
+      if (!previous) lend(key, InputGrad);
+      if (last) lend(key, OutputGrad);  // from the head
+      if (holds_until_b.erase(key)) count(until_b, peak.until_b, a.chunk, -1);
+      if (fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
+    }
+    if (a.op == Op::BackwardWeight) {
+      if (!fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
+      weight_done.insert(key);
+      if (first || sent.count(key)) release(key);
     }
   }
   return peak;
@@ -140,12 +209,16 @@ void PipelineExecutor::release(const Key& key) {
   model_.release_parts(*it->second);
   auto s = sends_.find(key);
   if (s != sends_.end()) {
+    // Its sends may still read the output and the input gradient; nothing else is read.
+    model_.return_boundary(*it->second, Slot::output_grad);
+    if (model_.partition().chunks[size_t(key.second)].last)
+      model_.return_boundary(*it->second, Slot::output);
     const auto from = reuse_from_.find(key);
     draining_.push_back({key.second, from->second, std::move(it->second), std::move(s->second)});
     reuse_from_.erase(from);
     sends_.erase(s);
   } else {
-    pool_[size_t(key.second)].push_back(std::move(it->second));
+    to_pool(key.second, std::move(it->second));
   }
   live_.erase(it);
   weight_done_.erase(key);
@@ -197,15 +270,15 @@ ops::Act* PipelineExecutor::boundary(const Action& a) {
   }
 }
 
-// A send to a neighbouring chunk on this rank: copies into that chunk's set.
-void PipelineExecutor::local_copy(const Action& a) {
-  const ChunkLocation peer = message_peer(placement_, stage_, a);
-  GptModel::Activations& from = acquire({a.microbatch, a.chunk});
-  GptModel::Activations& to = acquire({a.microbatch, peer.chunk});
-  if (a.op == Op::SendForward)
-    model_.backend().copy(model_.input_buffer(to), model_.output(from), model_.boundary_bytes());
-  else
-    model_.backend().copy(model_.output_grad(to), model_.input_grad(from), model_.boundary_bytes());
+// The set of the chunk on this rank that the message of `a` goes to, when it is local.
+GptModel::Activations* PipelineExecutor::local_peer(const Action& a) {
+  if (!is_local_send(placement_, stage_, a)) return nullptr;
+  return &acquire({a.microbatch, message_peer(placement_, stage_, a).chunk});
+}
+
+void PipelineExecutor::to_pool(int chunk, std::unique_ptr<GptModel::Activations> acts) {
+  model_.release_boundaries(*acts);
+  pool_[size_t(chunk)].push_back(std::move(acts));
 }
 
 // Tags name the message by the receiving side's (microbatch, chunk) and direction.
@@ -261,6 +334,10 @@ void PipelineExecutor::communicate(const Step& step) {
     world_.exchange(transfers);
     for (const Action& m : step.actions)
       if (m.op == Op::RecvForward || m.op == Op::RecvBackward) model_.complete_message(boundary(m));
+    // The batch is done (or, on a device, ordered before what reuses its arrays): a sent
+    // output is read no more.
+    for (const Action& m : step.actions)
+      if (m.op == Op::SendForward) model_.return_boundary(*live_.at({m.microbatch, m.chunk}), Slot::output);
   } else {
     for (const Action& m : step.actions) {
       const Key key{m.microbatch, m.chunk};
@@ -289,16 +366,21 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
     if (step.kind == Step::Messages || step.kind == Step::PostSends) {
       communicate(step);
     } else if (step.kind == Step::LocalCopy) {
-      local_copy(a);
-      sent(a);
+      sent(a);  // the pass wrote straight into the other set
     } else if (a.op == Op::Forward) {
       GptModel::Activations& acts = acquire(key);
+      if (!spec.last)
+        if (GptModel::Activations* next = local_peer({Op::SendForward, a.microbatch, a.chunk}))
+          model_.output_into(acts, model_.input_buffer(*next));
       if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
       model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts), targets_.data(),
                      loss_scale, loss_total);
     } else if (a.op == Op::BackwardInput) {
-      model_.backward_input(a.chunk, acquire(key),
-                            completion.last_input(a.chunk) ? hooks.layer_done : none);
+      GptModel::Activations& acts = acquire(key);
+      if (!spec.first)
+        if (GptModel::Activations* previous = local_peer({Op::SendBackward, a.microbatch, a.chunk}))
+          model_.input_grad_into(acts, model_.output_grad(*previous));
+      model_.backward_input(a.chunk, acts, completion.last_input(a.chunk) ? hooks.layer_done : none);
     } else {
       model_.backward_weight(a.chunk, acquire(key),
                              completion.last_weight(a.chunk) ? hooks.layer_done : none);
@@ -367,8 +449,10 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
         losses_out->insert(losses_out->end(), l.begin(), l.end());
       }
       if (!spec.last) {
-        if (is_local_send(placement_, stage_, send)) local_copy(send);
-        else world_.exchange({transfer(send)});
+        if (GptModel::Activations* next = local_peer(send))
+          model_.backend().copy(model_.input_buffer(*next), model_.output(acts), model_.boundary_bytes());
+        else
+          world_.exchange({transfer(send)});
       }
       release(key);
     }
@@ -389,14 +473,14 @@ void PipelineExecutor::reuse_drained(int chunk) {
   }
   if (due == draining_.end()) return;
   for (auto& op : due->sends) op->wait();  // cannot deadlock from this step on
-  pool_[size_t(chunk)].push_back(std::move(due->acts));
+  to_pool(due->chunk, std::move(due->acts));
   draining_.erase(due);
 }
 
 void PipelineExecutor::drain() {
   for (Draining& d : draining_) {
     for (auto& op : d.sends) op->wait();
-    pool_[size_t(d.chunk)].push_back(std::move(d.acts));
+    to_pool(d.chunk, std::move(d.acts));
   }
   draining_.clear();
 }

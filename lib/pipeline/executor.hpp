@@ -32,14 +32,17 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
                                   const std::vector<int>& layers_per_stage = {});
 
 // The most activation sets, and the most parts lent between F and B and between B and W,
-// one chunk holds at once while its rank runs `steps` (per chunk): what the executor and
-// the model allocate. `fused[c]`: chunk c runs W inside B (GptModel's fused backward).
-// `reusable[i]`: the step from which the executor reuses a set whose sends it posted in
-// step i (sends_waitable_from); a set released earlier stays allocated until then (its
-// lent parts go back at once). Empty: blocking batches, whose sends are complete when
-// the set is released.
+// one chunk holds at once while its rank runs `steps` (per chunk), and the most boundary
+// arrays the rank lends at once (any chunk's): what the executor and the model allocate,
+// by the executor's own rules run on counts. `fused[c]`: chunk c runs W inside B
+// (GptModel's fused backward). `reusable[i]`: the step from which the executor may reuse
+// a set whose sends it posted in step i (sends_waitable_from); a set released earlier
+// rejoins its pool, with its boundary arrays, when the rank next needs a set of that
+// chunk from then on. Empty: blocking batches, whose sends are complete when the set is
+// released.
 struct ActivationPeaks {
   std::vector<int> sets, until_b, from_b;
+  int boundaries = 0;
 };
 ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
                                  int stage, const std::vector<bool>& fused,
@@ -101,15 +104,18 @@ class PipelineExecutor {
   using Key = std::pair<int, int>;  // (microbatch, chunk)
   GptModel::Activations& acquire(const Key& key);
   void release(const Key& key);
-  // Moves a draining set of `chunk` that the plan reuses by this step to the pool, waiting
-  // for its sends if they are still leaving; none if there is no such set.
+  // Moves a draining set of `chunk` that the plan reuses by this step to the pool (its
+  // boundary arrays back to the model), waiting for its sends if they are still leaving
+  // (one whose sends are done first); none if there is no such set.
   void reuse_drained(int chunk);
   void drain();         // waits for every send still leaving
+  void to_pool(int chunk, std::unique_ptr<GptModel::Activations> acts);
+  // The set of the chunk on this rank that a's message goes to; null when it leaves the rank.
+  GptModel::Activations* local_peer(const Action& a);
   int tag(int microbatch, int chunk, bool backward) const;
   comm::Transfer transfer(const Action& a);  // the message_part() of boundary(a)
   ops::Act* boundary(const Action& a);
   void communicate(const Step& step);
-  void local_copy(const Action& a);
   void sent(const Action& a);  // after a SendBackward: release the set if W has run
 
   GptModel& model_;

@@ -103,6 +103,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
                      double(peaks.from_b[k]) * double(bytes[int(Lifetime::FromB)]);
     r.workspace = std::max(r.workspace, double(bytes[int(Lifetime::Workspace)]));
   }
+  r.activations += double(peaks.boundaries) * double(layouts[0].part_bytes[int(Lifetime::Boundary)]);
   return r;
 }
 

@@ -102,7 +102,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()));
 
 // The backend's allocations for one set are the table's Set part, and the peak over a
-// step is the sets, the lent parts and the workspace the table gives.
+// step is the sets, the lent parts, the boundary arrays and the workspace the table gives.
 TEST(ActivationTable, ModelAllocatesWhatTheTableLists) {
   const ModelConfig m = model_config();
   for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
@@ -118,9 +118,11 @@ TEST(ActivationTable, ModelAllocatesWhatTheTableLists) {
     model.forward(0, *a, in.data(), nullptr, in.data(), 1.0f);
     model.backward_input(0, *a);
     model.backward_weight(0, *a);
+    // A chunk that is first and last holds all three boundary arrays during B.
     const std::size_t parts = L.part_bytes[int(Lifetime::Set)] +
                               L.part_bytes[int(Lifetime::UntilB)] +
-                              L.part_bytes[int(Lifetime::FromB)];
+                              L.part_bytes[int(Lifetime::FromB)] +
+                              3 * L.part_bytes[int(Lifetime::Boundary)];
     EXPECT_EQ(ops->peak_memory_bytes(), before + parts) << name_of(mode);
   }
 }

@@ -25,6 +25,7 @@ MODEL = ["model.n_layer=8", "model.n_head=4", "model.d_model=128", "model.seq_le
          "parallel.comm_timeout_s=60"]
 SP = ["parallel.sequence_parallel=true"]
 INTERLEAVED = ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]
+ZB_V = ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]
 # The CPU's default sends in the background; one layout also with blocking batches.
 GROUPED = ["parallel.message_mode=grouped"]
 # name: (tp, pp, dp, micro_batches, overrides)
@@ -43,6 +44,9 @@ CASES = {
     "pp4_interleaved_none": (1, 4, 1, 4, INTERLEAVED),
     "pp4_interleaved_full": (1, 4, 1, 4, INTERLEAVED + ["train.recompute=full"]),
     "pp4_interleaved_none_grouped": (1, 4, 1, 4, INTERLEAVED + GROUPED),
+    # zb-v's hops between a rank's two chunks write straight into the other set.
+    "pp2_zb_v_none": (1, 2, 1, 4, ZB_V),
+    "pp2_zb_v_selective_grouped": (1, 2, 1, 4, ZB_V + GROUPED + ["train.recompute=selective"]),
     "tp2_pp2_selective": (2, 2, 1, 4, ["train.recompute=selective"]),
     "dp2_zero1_full": (1, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
     # ZeRO-1 blocks of buckets smaller than a layer, at dp 4 and beside pipelining.

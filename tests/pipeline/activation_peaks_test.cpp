@@ -71,5 +71,36 @@ TEST(ActivationPeaks, ASetCountsUntilTheStepItIsReusedFrom) {
             activation_peaks(last, placement, 1, {false}).until_b);
 }
 
+// Boundary arrays are lent one by one, not kept with every set. In 1f1b with blocking
+// batches (a GPU) the first stage holds pp sets in its warm-up, but each output goes back
+// with the batch that sends it (which, in the steady state, also receives the gradient
+// B needs next), and the gradients are held from their receive to the release: two at
+// once, where keeping all three with every set would be 3 * pp.
+TEST(ActivationPeaks, BoundaryArraysAreLentFromFirstUseNotPerSet) {
+  const int pp = 4, m = 8;
+  const Placement placement = schedule_placement(ScheduleKind::OneFOneB, pp, 1);
+  const auto steps = build_all_steps(ScheduleKind::OneFOneB, pp, m, 1, MessageMode::Grouped);
+  const ActivationPeaks first = activation_peaks(steps[0], placement, 0, {false});
+  EXPECT_EQ(first.sets[0], pp);
+  EXPECT_EQ(first.boundaries, 2);
+  EXPECT_EQ(activation_peaks(steps[1], placement, 1, {false}).boundaries, 2);
+  // The last stage keeps its output for the head's backward, with both gradients.
+  EXPECT_EQ(activation_peaks(steps[pp - 1], placement, pp - 1, {false}).boundaries, 3);
+}
+
+// zb-v's hop between a rank's two chunks (the last stage holds virtual stages pp-1 and
+// pp) writes straight into the other set: the hop's output and input gradient lend no
+// array of their own.
+TEST(ActivationPeaks, AHopOnTheRankLendsNoArray) {
+  const int pp = 2, m = 1;
+  const Placement placement = schedule_placement(ScheduleKind::ZeroBubbleV, pp, 2);
+  const auto steps = build_all_steps(ScheduleKind::ZeroBubbleV, pp, m, 2, MessageMode::Grouped);
+  // One micro-batch through the last stage: chunk 0's output is chunk 1's input, chunk
+  // 1 (not last: stage 0 holds the head) sends its output and receives its gradient,
+  // and its input gradient is chunk 0's output gradient. Chunk 0 then sends its own
+  // input gradient: three arrays at most, where copies would have lent five.
+  EXPECT_EQ(activation_peaks(steps[pp - 1], placement, pp - 1, {false, false}).boundaries, 3);
+}
+
 }  // namespace
 }  // namespace pptrain
