@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/param_layout.hpp"
+#include "optim/adamw.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
 #include "train/grad_buckets.hpp"
@@ -218,7 +219,7 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
   const double bucket = 4 * double(bucket_floats(p));
   // A gradient reduction (reduce-scatter under ZeRO-1) of `bytes`.
   const auto reduce = [&](double bytes) {
-    return p.zero == 1 ? gather_seconds(dp_link, bytes, p.dp) : all_reduce_seconds(dp_link, bytes, p.dp);
+    return zero_shards(p) ? gather_seconds(dp_link, bytes, p.dp) : all_reduce_seconds(dp_link, bytes, p.dp);
   };
   // Per stage: its gradients' reduction, less what the last micro-batch's backward hides
   // (GradSync starts each bucket once its layer is done), but never less than what starts
@@ -245,10 +246,10 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
     r.dp_exposed_s += all_reduce_seconds(pp_link, wte, 2);
   }
   // Grad norm (read g) and AdamW (read p, g, m, v; write p, m, v and the bf16 copy).
-  const double shard = p.zero == 1 ? params / p.dp : params;
+  const double shard = zero_shards(p) ? params / p.dp : params;
   r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
                   2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
-  if (p.zero == 1 && p.dp > 1) {  // the weight copy's bytes (s.e): bf16 on a GPU
+  if (zero_shards(p)) {  // the weight copy's bytes (s.e): bf16 on a GPU
     const double gather = gather_seconds(dp_link, s.e * params, p.dp);
     r.dp_exposed_s +=
         p.overlap ? std::max(gather - r.optimizer_s,

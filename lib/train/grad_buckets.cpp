@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "optim/adamw.hpp"
 
 namespace pptrain {
 
@@ -37,7 +38,7 @@ std::vector<Group> arena_groups(const ParamLayout& layout, const ModelPartition&
 }  // namespace
 
 std::size_t group_floats(const ParallelConfig& p) {
-  return p.zero == 1 && p.dp > 1 ? kAlignFloats * std::size_t(p.dp) : 1;
+  return zero_shards(p) ? kAlignFloats * std::size_t(p.dp) : 1;
 }
 
 std::size_t bucket_floats(const ParallelConfig& p) {

@@ -174,6 +174,11 @@ void GradSync::update(AdamW& opt, float lr, int64_t t) {
   if (!overlap_) all_gather_blocks(gathered, dt);
 }
 
+ops::Span GradSync::master(AdamW& opt) {
+  if (float* params = s_.model.params()) return {params, s_.model.layout().total_floats()};
+  return {opt.master(), opt.size()};
+}
+
 void GradSync::read_params(AdamW& opt, float* host) {
   if (s_.model.params())
     s_.model.read_params(host);

@@ -52,6 +52,9 @@ class GradSync {
   double loss_sum() const { return host_stats_.get()[0]; }
   double grad_norm() const;
 
+  // This rank's fp32 master weights in backend memory: the model's arena, or the
+  // optimizer's blocks.
+  ops::Span master(AdamW& opt);
   // The fp32 master weights as a whole arena in host memory: the model's, or the
   // optimizer's blocks all-gathered over dp bucket by bucket (collective then).
   void read_params(AdamW& opt, float* host);

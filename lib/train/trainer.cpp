@@ -93,14 +93,10 @@ bool stop_requested_anywhere(Session& s, const StopSignals& signals) {
   return stop > 0;
 }
 
-// True when every master weight of every rank is finite: the model's, or the blocks the
-// optimizer holds.
-bool parameters_finite(Session& s, AdamW& opt) {
-  const ops::Span master = s.model.params()
-                               ? ops::Span{s.model.params(), s.model.layout().total_floats()}
-                               : ops::Span{opt.master(), opt.size()};
+// True when every master weight of every rank is finite.
+bool parameters_finite(Session& s, GradSync& sync, AdamW& opt) {
   // A sum of fp32 squares in fp64 cannot overflow: it is finite iff every element is.
-  const double sq = s.ops->sum_squares({master});
+  const double sq = s.ops->sum_squares({sync.master(opt)});
   double bad = std::isfinite(sq) ? 0 : 1;
   s.comms.all->all_reduce(&bad, 1, comm::ReduceOp::Max);
   return bad == 0;
@@ -388,7 +384,7 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
 void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
   if (cfg_.checkpoint.dir.empty() || !(due(n, cfg_.checkpoint.every, last_step_) || o.report.stop))
     return;
-  if (!parameters_finite(s_, opt_))
+  if (!parameters_finite(s_, sync_, opt_))
     throw std::runtime_error("step " + std::to_string(n) +
                              ": the model has non-finite parameters; not checkpointed");
   CheckpointMeta meta;

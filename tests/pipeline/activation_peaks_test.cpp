@@ -98,7 +98,7 @@ TEST(ActivationPeaks, AHopOnTheRankLendsNoArray) {
   // One micro-batch through the last stage: chunk 0's output is chunk 1's input, chunk
   // 1 (not last: stage 0 holds the head) sends its output and receives its gradient,
   // and its input gradient is chunk 0's output gradient. Chunk 0 then sends its own
-  // input gradient: three arrays at most, where copies would have lent five.
+  // input gradient: three arrays at most.
   EXPECT_EQ(activation_peaks(steps[pp - 1], placement, pp - 1, {false, false}).boundaries, 3);
 }
 
