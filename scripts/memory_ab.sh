@@ -6,10 +6,15 @@
 set -euo pipefail
 OLD=$1
 NEW=$2
+# The layouts below are given whole: the config without its parallel.layout: auto, which
+# a binary from before that key would refuse.
+config=$(mktemp --suffix=.yaml)
+trap 'rm -f "$config"' EXIT
+grep -v '^  layout: auto' configs/gpt-1b.yaml >"$config"
 predict() {
   local binary=$1
   shift
-  "$binary" check-config --json --config configs/gpt-1b.yaml --set device=cuda "$@" |
+  "$binary" check-config --json --config "$config" --set device=cuda "$@" |
     python3 -c "import json, sys; d = json.load(sys.stdin); m = d['memory_mib']
 print(f\"{d['predicted_peak_memory_mib'] / 1024:.2f}, {d['state_bytes_per_parameter']:.2f}, {m['activations'] / 1024:.2f}\")"
 }

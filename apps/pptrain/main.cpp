@@ -24,6 +24,7 @@
 #include "core/log.hpp"
 #include "core/stop_signal.hpp"
 #include "ops/cpu/blas_kernels.hpp"
+#include "plan/auto_layout.hpp"
 #include "plan/calibrate.hpp"
 #include "plan/memory_fixes.hpp"
 #include "plan/planner.hpp"
@@ -181,19 +182,40 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
       throw pptrain::InputError("plan: --cluster is required (or --calibrate --out FILE)");
     config = load(opts);
     setup_rank_logging(config, launch);
+    // What is resolved at start is logged once, by rank 0 of the job (not by the process
+    // that starts its ranks); check-config prints it in its plan.
+    auto log_choice = [&] {
+      return launch.rank == 0 && !check_cmd->parsed() &&
+             (launch.under_launcher || world_size(config) == 1 || topo_cmd->parsed());
+    };
+    std::vector<std::string> auto_sets;
+    if (config.parallel.layout == pptrain::LayoutChoice::Auto && !plan_cmd->parsed()) {
+      if (launch.under_launcher && launch.world_size == 0)
+        throw pptrain::InputError(config.source_path + ": parallel.layout: auto needs the number of ranks, and " +
+                                  launch.launcher + " does not say it");
+      const pptrain::Cluster machine = pptrain::local_machine(
+          config, launch.under_launcher ? launch.world_size : 0, launch.local_size);
+      const pptrain::AutoLayout chosen = pptrain::choose_layout(config, machine);
+      config = chosen.config;
+      auto_sets = chosen.sets;
+      std::string sets;
+      for (const std::string& s : auto_sets) sets += " --set " + s;
+      if (log_choice())
+        spdlog::info("parallel.layout: auto on {}:{} ({:.1f} GiB a rank, {:.0f} tokens/s predicted)",
+                     machine.source, sets, chosen.row.peak_memory_mib / 1024, chosen.row.tokens_per_s);
+    }
     if (config.parallel.layers_per_stage.automatic) {
       pptrain::resolve_layer_split(config);
       std::string split;
       for (int n : config.parallel.layers_per_stage) split += (split.empty() ? "" : ",") + std::to_string(n);
-      if (launch.rank == 0 && (launch.under_launcher || world_size(config) == 1))
-        spdlog::info("parallel.layers_per_stage: auto -> [{}]", split);
+      if (log_choice()) spdlog::info("parallel.layers_per_stage: auto -> [{}]", split);
     }
     if (check_cmd->parsed()) {
       if (plan_json) {
-        std::fputs(pptrain::describe_plan_json(config).c_str(), stdout);
+        std::fputs(pptrain::describe_plan_json(config, auto_sets).c_str(), stdout);
         return pptrain::kExitOk;
       }
-      std::fputs(pptrain::describe_plan(config).c_str(), stdout);
+      std::fputs(pptrain::describe_plan(config, auto_sets).c_str(), stdout);
       std::puts("config OK");
       return pptrain::kExitOk;
     }

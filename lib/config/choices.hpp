@@ -25,6 +25,7 @@ enum class LrSchedule { Cosine, Linear, Constant };
 enum class DataSource { Synthetic, Text, Llmc, NanoGpt };
 enum class LogLevel { Debug, Info, Warn, Error };
 enum class Device { Cpu, Auto, Cuda };
+enum class LayoutChoice { Manual, Auto };
 
 template <class E>
 struct ChoiceNames;  // specialised below: static constexpr std::string_view names[]
@@ -67,6 +68,10 @@ struct ChoiceNames<DataSource> {
 template <>
 struct ChoiceNames<LogLevel> {
   static constexpr std::string_view names[] = {"debug", "info", "warn", "error"};
+};
+template <>
+struct ChoiceNames<LayoutChoice> {
+  static constexpr std::string_view names[] = {"manual", "auto"};
 };
 template <>
 struct ChoiceNames<Device> {

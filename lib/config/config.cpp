@@ -28,7 +28,8 @@ std::span<const Field> fields() {
   static const Field table[] = {
       PPTRAIN_FIELD(model, n_layer),        PPTRAIN_FIELD(model, n_head),
       PPTRAIN_FIELD(model, d_model),        PPTRAIN_FIELD(model, seq_len),
-      PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(parallel, tp),
+      PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(parallel, layout),
+      PPTRAIN_FIELD(parallel, tp),
       PPTRAIN_FIELD(parallel, pp),          PPTRAIN_FIELD(parallel, dp),
       PPTRAIN_FIELD(parallel, micro_batches), PPTRAIN_FIELD(parallel, micro_batch_size),
       PPTRAIN_FIELD(parallel, schedule),    PPTRAIN_FIELD(parallel, virtual_stages),
@@ -306,6 +307,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   Config config = decode(root, origins);
   validate(config, origins);
   config.source_path = source_name;
+  for (const auto& [key, line] : origins.value_line) config.given_keys.insert(key);
   return config;
 }
 

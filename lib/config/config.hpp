@@ -3,6 +3,7 @@
 // This header includes no MPI, CUDA or NCCL: it builds and tests anywhere.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,10 @@ struct LayerSplit {
 };
 
 struct ParallelConfig {
+  // auto: the planner picks tp, pp, dp, the schedule, the micro-batch split, recompute,
+  // SP and ZeRO for the machine the run starts on (plan/auto_layout.hpp); keys given
+  // explicitly are kept.
+  LayoutChoice layout = LayoutChoice::Manual;
   int tp = 1;
   int pp = 1;
   int dp = 1;
@@ -134,6 +139,9 @@ struct Config {
   LoggingConfig logging;
   Device device = Device::Cpu;
   std::string source_path;     // file the config was read from (for messages)
+  // The dotted keys whose values the file or a --set override gave (and the sections
+  // present); every other key holds its default.
+  std::set<std::string> given_keys;
 };
 
 // Loads `path`, applies each "dotted.key=yaml-value" override in order, decodes and

@@ -86,25 +86,23 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
 }
 
-// Cross-section rules of the parallel layout against the model.
+// Cross-section rules of the parallel layout against the model. Under parallel.layout:
+// auto the rules between layout keys wait for the layout chosen (plan/auto_layout.hpp),
+// which must pass them all.
 void validate_layout(const Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
+  const bool chosen_later = p.layout == LayoutChoice::Auto;
   if (c.model.n_head % p.tp != 0)
     r.fail("parallel.tp", "must divide model.n_head (got tp=" + std::to_string(p.tp) +
                               ", n_head=" + std::to_string(c.model.n_head) + ")");
   const int parts = p.pp * p.virtual_stages;
-  if (p.layers_per_stage.automatic) {
-    if (parts > c.model.n_layer)
-      r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
-                                " is more than model.n_layer = " + std::to_string(c.model.n_layer) +
-                                " (every stage needs a layer)");
-  } else if (p.layers_per_stage.empty()) {
-    if (parts > c.model.n_layer)
-      r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
-                                " is more than model.n_layer = " + std::to_string(c.model.n_layer) +
-                                " (every stage needs a layer)");
-  } else {
-    if (int(p.layers_per_stage.size()) != parts)
+  const bool listed = !p.layers_per_stage.automatic && !p.layers_per_stage.empty();
+  if (!chosen_later && !listed && parts > c.model.n_layer)
+    r.fail("parallel.pp", "pp * virtual_stages = " + std::to_string(parts) +
+                              " is more than model.n_layer = " + std::to_string(c.model.n_layer) +
+                              " (every stage needs a layer)");
+  if (listed) {
+    if (!chosen_later && int(p.layers_per_stage.size()) != parts)
       r.fail("parallel.layers_per_stage", "needs pp * virtual_stages = " + std::to_string(parts) +
                                               " entries (got " +
                                               std::to_string(p.layers_per_stage.size()) + ")");
@@ -131,16 +129,16 @@ void validate_layout(const Config& c, const Rules& r) {
   for (double t : p.schedule_costs)
     if (!(std::isfinite(t) && t > 0))
       r.fail("parallel.schedule_costs", "entries must be finite and > 0 (got " + num(t) + ")");
-  if (p.sequence_parallel && p.tp == 1)
+  if (p.sequence_parallel && p.tp == 1 && !chosen_later)
     r.fail("parallel.sequence_parallel", "true needs parallel.tp > 1 (it splits the tensor-parallel "
                                          "group's LayerNorm and residual rows)");
-  else if (p.sequence_parallel &&
+  else if (p.sequence_parallel && !chosen_later &&
            (int64_t(p.micro_batch_size) * c.model.seq_len) % p.tp != 0)
     r.fail("parallel.sequence_parallel",
            "true needs micro_batch_size * model.seq_len divisible by parallel.tp (got " +
                std::to_string(p.micro_batch_size) + " * " + std::to_string(c.model.seq_len) +
                " token rows, tp=" + std::to_string(p.tp) + ")");
-  if (p.zero == 1 && p.dp == 1)
+  if (p.zero == 1 && p.dp == 1 && !chosen_later)
     r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
   if (!(p.grad_bucket_mib > 0) || p.grad_bucket_mib > 65536)
     r.fail("parallel.grad_bucket_mib", "must be > 0 and at most 65536 (got " + num(p.grad_bucket_mib) + ")");

@@ -321,6 +321,12 @@ std::unique_ptr<Ops> make_cpu_ops(int threads = 0, bool blocked_attention = fals
 // none, no driver, or no CUDA backend).
 bool cuda_backend_built();
 int cuda_device_count();
+// CUDA device `device`'s name and memory, read without creating a context on it.
+struct CudaDeviceInfo {
+  std::string name;
+  std::size_t total_bytes = 0;
+};
+CudaDeviceInfo cuda_device_info(int device);
 // The CUDA backend on device `device` with activations and weight copy in `compute`
 // (BF16 or F32). flash_attention: fused attention kernels (used in bf16 only; their
 // state is smaller). Throws std::runtime_error when this build has no CUDA backend.

@@ -181,6 +181,7 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
                 for (int zero : {0, 1}) {
                   if (zero == 1 && dp == 1) continue;
                   PlanRow r = make_row(tp, pp, dp, v, mbs, m, kind, rc, sp, zero);
+                  if (options.accept && !options.accept(r)) continue;
                   r.dropped = constraint(config, r);
                   candidates.push_back(r);
                 }

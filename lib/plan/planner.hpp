@@ -1,6 +1,7 @@
 // `pptrain plan`: every layout of a config's model and global batch that a cluster can
 // run, its predicted peak memory and step time, ranked by predicted tokens/s.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct PlanOptions {
   bool all = false;              // also rows that do not fit, and dropped layouts
   bool tp_across_nodes = false;  // let tp groups span nodes
   int top = 0;                   // > 0 (without `all`): only the best `top` rows are wanted
+  // When set, only the layouts it accepts are searched (parallel.layout: auto keeps the
+  // keys a config gives).
+  std::function<bool(const PlanRow&)> accept;
 };
 
 // Rows ranked: layouts that fit by predicted tokens/s, then (with `all`) those that do

@@ -21,19 +21,22 @@ std::optional<double> read_number(const std::string& path) {
   return std::nullopt;
 }
 
-// MemAvailable in bytes.
-std::optional<double> mem_available() {
+// A /proc/meminfo entry ("MemAvailable:", "MemTotal:") in bytes.
+std::optional<double> meminfo(const std::string& entry) {
   std::ifstream in("/proc/meminfo");
   std::string key;
   double kib = 0;
   std::string unit;
   while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == entry) return kib * 1024;
   return std::nullopt;
 }
 
-// The limit less the usage of this process's memory cgroup.
-std::optional<double> cgroup_room() {
+struct CgroupMemory {
+  double limit, usage;
+};
+// This process's memory cgroup's limit and usage, when it has a limit.
+std::optional<CgroupMemory> cgroup_memory() {
   std::ifstream in("/proc/self/cgroup");
   std::string line;
   while (std::getline(in, line)) {
@@ -50,9 +53,15 @@ std::optional<double> cgroup_room() {
       limit = read_number("/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes");
       usage = read_number("/sys/fs/cgroup/memory" + path + "/memory.usage_in_bytes");
     }
-    if (limit && usage && *limit < 1e18) return std::max(0.0, *limit - *usage);  // v1: 2^63 is none
+    if (limit && usage && *limit < 1e18) return CgroupMemory{*limit, *usage};  // v1: 2^63 is none
   }
   return std::nullopt;
+}
+
+// The smaller of two optional amounts.
+std::optional<double> least(std::optional<double> a, std::optional<double> b) {
+  if (a && b) return std::min(*a, *b);
+  return a ? a : b;
 }
 }  // namespace
 
@@ -65,9 +74,14 @@ std::string predicted_peak_note(const Config& c) {
 }
 
 std::optional<double> host_memory_available() {
-  const auto a = mem_available(), b = cgroup_room();
-  if (a && b) return std::min(*a, *b);
-  return a ? a : b;
+  const auto cgroup = cgroup_memory();
+  return least(meminfo("MemAvailable:"),
+               cgroup ? std::optional(std::max(0.0, cgroup->limit - cgroup->usage)) : std::nullopt);
+}
+
+std::optional<double> host_memory_total() {
+  const auto cgroup = cgroup_memory();
+  return least(meminfo("MemTotal:"), cgroup ? std::optional(cgroup->limit) : std::nullopt);
 }
 
 void check_memory(const Config& c, comm::Comms& comms, const ops::Ops& ops, int ranks_on_host) {

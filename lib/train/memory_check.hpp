@@ -16,6 +16,9 @@ namespace pptrain {
 // process's cgroup limit less its usage (cgroup v2, or v1's memory controller), the
 // smaller of those readable; nullopt when none is.
 std::optional<double> host_memory_available();
+// What this host has at most: MemTotal, or the cgroup limit when lower. The same on every
+// rank of the host whenever it is read.
+std::optional<double> host_memory_total();
 
 // The run does not fit (train.memory_check: error). what() is the line without the
 // changes that would fit, which need the planner (plan/memory_fixes.hpp).

@@ -19,7 +19,7 @@ std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0
 double to_mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 }  // namespace
 
-std::string describe_plan_json(const Config& c) {
+std::string describe_plan_json(const Config& c, const std::vector<std::string>& auto_sets) {
   const bool cuda = runs_on_cuda(c);
   check_schedule(c);
   const RankMemory r = predict_peak_memory(c, backend_traits(c, cuda));
@@ -31,6 +31,11 @@ std::string describe_plan_json(const Config& c) {
       {"recompute_layers", c.train.recompute_layers},
       {"sequence_parallel", c.parallel.sequence_parallel},
       {"schedule", name_of(c.parallel.schedule)},
+      {"layout", {{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"dp", c.parallel.dp},
+                  {"virtual_stages", c.parallel.virtual_stages},
+                  {"micro_batch_size", c.parallel.micro_batch_size},
+                  {"micro_batches", c.parallel.micro_batches}, {"zero", c.parallel.zero}}},
+      {"layout_auto", auto_sets},
       {"heaviest_rank", {{"stage", r.stage}, {"tp_rank", r.tp_rank}}},
       {"predicted_peak_memory_mib", to_mib(r.total())},
       {"memory_mib",
@@ -48,7 +53,7 @@ std::string describe_plan_json(const Config& c) {
   return j.dump(2) + "\n";
 }
 
-std::string describe_plan(const Config& c) {
+std::string describe_plan(const Config& c, const std::vector<std::string>& auto_sets) {
   const ModelConfig& m = c.model;
   const ParamLayout layout = gpt_param_layout(m);
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
@@ -77,6 +82,11 @@ std::string describe_plan(const Config& c) {
   line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp, p.pp, p.dp,
                              world_size(c), name_of(p.schedule),
                              p.sequence_parallel ? ", sequence parallel" : ""));
+  if (!auto_sets.empty()) {
+    std::string sets;
+    for (const std::string& s : auto_sets) sets += (sets.empty() ? "--set " : " --set ") + s;
+    line("", "chosen by parallel.layout: auto, the same as " + sets);
+  }
   check_schedule(c);
   const ScheduleKind kind = p.schedule;
   std::string split;

@@ -31,10 +31,13 @@ TrainResult train(const Config& config);
 double evaluate_checkpoint(const Config& config);  // checkpoint.resume, else init_from
 
 // Human-readable summary of the run: sizes, FLOPs and a memory estimate. Opens the
-// data files so that their errors surface here.
-std::string describe_plan(const Config& config);
+// data files so that their errors surface here. `auto_sets`: the --set lines of the
+// layout parallel.layout: auto chose (none: the config's own).
+std::string describe_plan(const Config& config, const std::vector<std::string>& auto_sets = {});
 // The same plan as one JSON object (check-config --json), with the predicted peak
-// memory of the heaviest rank (predicted_peak_memory_mib) and its parts.
-std::string describe_plan_json(const Config& config);
+// memory of the heaviest rank (predicted_peak_memory_mib) and its parts, and
+// "layout_auto": the auto_sets.
+std::string describe_plan_json(const Config& config,
+                               const std::vector<std::string>& auto_sets = {});
 
 }  // namespace pptrain

@@ -17,6 +17,9 @@ the device exactly once (device_syncs: at its end, for its loss and norm). Then:
   does a ZeRO-1 run in bf16, which gathers only the weight copy during training;
 - memory: on GPUs too small for the run, it is refused (exit 2, one line) or, with
   train.memory_check: warn, warned about and run; an evaluation is not checked;
+- parallel.layout: auto on 1, 2 and 8 emulated GPUs and on one CPU rank: the layout the
+  planner chooses is logged, fits (the memory check passes) and trains to the losses of
+  the one-rank CPU run;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
   communicators and ends the job with exit 3, naming the rank, group and operation.
 Open MPI's eager limits are forced down, so no host message is buffered either.
@@ -317,6 +320,39 @@ def check_memory_check(work, failures):
         failures.append("memory_check eval")
 
 
+def check_auto_layout(work, failures, reference):
+    """parallel.layout: auto with no layout key given: each machine's choice is logged
+    once, with a world of that machine's size, and trains to the reference losses."""
+    config = os.path.join(work, "auto.yaml")
+    with open(CONFIG) as src, open(config, "w") as dst:
+        dst.writelines(l for l in src if not re.match(r"\s+(tp|pp|dp):", l))
+    sets = MODEL + ["parallel.micro_batches=4", "parallel.layout=auto", "train.precision=fp32"]
+    for label, binary, gpus, device in (("auto_1gpu", EMULATED, 1, "cuda"), ("auto_2gpu", EMULATED, 2, "cuda"),
+                                        ("auto_8gpu", EMULATED, 8, "cuda"), ("auto_cpu", PPTRAIN, 1, "cpu")):
+        metrics = os.path.join(work, label + ".jsonl")
+        argv = [binary, "--config", config] + jobs.overrides(
+            sets + [f"device={device}", f"logging.metrics={metrics}"])
+        env = dict(ENV, PPTRAIN_EMULATED_GPUS=str(gpus), PPTRAIN_EMULATED_STREAM_SEED="5")
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+        said = [l for l in out.stdout.splitlines() if "parallel.layout: auto on" in l]
+        machine = f"{gpus} x {'Emulated GPU' if device == 'cuda' else 'CPU rank(s)'}"
+        tp, pp, dp = (int(re.search(rf"parallel\.{k}=(\d+)", said[0]).group(1)) if said else 0
+                      for k in ("tp", "pp", "dp"))
+        rows = []
+        if out.returncode == 0 and os.path.exists(metrics):
+            with open(metrics) as f:
+                rows = [json.loads(line) for line in f]
+        diff = worst(rows, reference) if rows else float("inf")
+        ok = (out.returncode == 0 and len(said) == 1 and machine in said[0] and tp * pp * dp == gpus
+              and len(rows) == STEPS and diff <= PRECISIONS["fp32"])
+        choice = " ".join(f"{k}={v}" for k, v in re.findall(r"--set \S+?\.(\w+)=(\S+)", said[0])) if said else "nothing said"
+        print(f"{label:28} exit {out.returncode}, worst {diff:.1e}: {choice} -> {'ok' if ok else 'FAIL'}",
+              flush=True)
+        if not ok:
+            failures.append(label)
+            print(out.stdout[-2000:], out.stderr[-2000:])
+
+
 def main():
     global PPTRAIN, EMULATED, CONFIG
     PPTRAIN, EMULATED, CONFIG, work = sys.argv[1:5]
@@ -330,9 +366,10 @@ def main():
     check_checkpoints(work, failures)
     check_stalled_rank(work, failures)
     check_memory_check(work, failures)
+    check_auto_layout(work, failures, reference)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 12} passed, "
+    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 16} passed, "
           "0 failed")
 
 

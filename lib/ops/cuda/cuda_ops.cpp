@@ -242,6 +242,12 @@ int cuda_device_count() {
   return n;
 }
 
+CudaDeviceInfo cuda_device_info(int device) {
+  cudaDeviceProp prop{};
+  PPTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return {prop.name, prop.totalGlobalMem};
+}
+
 std::unique_ptr<Ops> make_cuda_ops(int device, DType compute, bool flash_attention) {
   const int count = cuda_device_count();
   if (device < 0 || device >= count)

@@ -147,12 +147,17 @@ int& current_device() {
   return device;
 }
 
+std::size_t device_memory_bytes() {  // an H200's, unless the environment says otherwise
+  const char* gib = std::getenv("PPTRAIN_EMULATED_GPU_MEMORY_GIB");
+  return std::size_t(gib ? std::strtod(gib, nullptr) * double(1 << 30) : double(141ull << 30));
+}
+
 cudaError_t device_properties(DeviceProp* prop, int device) {
   if (prop == nullptr) return cudaErrorInvalidValue;
   if (!valid_device(device)) return cudaErrorInvalidDevice;
   *prop = DeviceProp{};
   std::strcpy(prop->name, "Emulated GPU");
-  prop->totalGlobalMem = std::size_t(141) << 30;
+  prop->totalGlobalMem = device_memory_bytes();
   prop->sharedMemPerBlock = 48 * 1024;
   prop->sharedMemPerBlockOptin = kOptinSharedBytes;
   prop->sharedMemPerMultiprocessor = 228 * 1024;

@@ -59,6 +59,7 @@ cudaError_t device_free(void* p);  // synchronises the allocation's device first
 // True unless [p, p + bytes) starts inside a live allocation and leaves it.
 bool device_range_ok(const void* p, std::size_t bytes);
 std::size_t device_bytes_in_use(int device);
+std::size_t device_memory_bytes();  // each device's: 141 GiB, or PPTRAIN_EMULATED_GPU_MEMORY_GIB
 // ---- devices (emulator_host.cpp) ----
 int device_count();  // PPTRAIN_EMULATED_GPUS, default 8; throws on a malformed value
 bool valid_device(int device);
@@ -141,10 +142,8 @@ static inline cudaError_t cudaFreeHost(void* p) {
   ::operator delete(p, std::align_val_t{256});
   return cudaSuccess;
 }
-// An H200's 141 GiB, or PPTRAIN_EMULATED_GPU_MEMORY_GIB.
 static inline cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
-  const char* gib = std::getenv("PPTRAIN_EMULATED_GPU_MEMORY_GIB");
-  *total = std::size_t(gib ? std::strtod(gib, nullptr) * double(1 << 30) : double(141ull << 30));
+  *total = pptrain_emu::device_memory_bytes();
   const std::size_t used = pptrain_emu::device_bytes_in_use(pptrain_emu::current_device());
   *free = *total > used ? *total - used : 0;
   return cudaSuccess;
