@@ -196,6 +196,7 @@ std::string commit_step_dir(const std::string& dir, int keep, const std::vector<
   }
   nlohmann::json j = meta_json(kShardedFormatVersion, meta, files);
   j["layout"] = {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}};
+  if (layout.optimizer_by_dp) j["layout"]["optimizer_by_dp"] = true;
   return finish_step_dir(dir, keep, j, meta);
 }
 

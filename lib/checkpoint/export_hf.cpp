@@ -74,7 +74,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out_di
     const WrittenFile written = write_safetensors_streamed(
         (tmp / "model.safetensors").string(), specs, {{"format", "pt"}}, [&](std::size_t i) {
           global.assign(whole.entries()[i].hf_numel(), 0.0f);
-          assemble_global(ck, specs[i].name, pieces[i], global.data());
+          assemble_global(ck, pieces[i], global.data());
           return global.data();
         });
     write_file_atomic((tmp / "config.json").string(), hf_gpt2_config(model));

@@ -43,12 +43,12 @@ void match_model(OpenCheckpoint& ck, Role role, const ParamLayout& whole,
                  "unexpected tensor " + name + " (the checkpoint is of a different model)");
 }
 
-void assemble_global(const OpenCheckpoint& ck, const std::string& name,
-                     const std::vector<const Piece*>& pieces, float* global) {
+void assemble_global(const OpenCheckpoint& ck, const std::vector<const Piece*>& pieces,
+                     float* global) {
   std::vector<float> local;
   for (const Piece* p : pieces) {
     local.resize(p->slicing.numel);
-    ck.files[p->file].file.copy_to(name, p->slicing.shape, local.data());
+    read_piece(ck, *p, local.data());
     slice_to_global(p->slicing, local.data(), global);
   }
 }
@@ -103,7 +103,8 @@ std::set<std::size_t> choose_pieces(const OpenCheckpoint& ck, std::vector<Job>& 
       for (const Piece& p : pieces)
         if (shards.insert(p.slicing.shard).second) job.pieces.push_back(&p);
     }
-    for (const Piece* p : job.pieces) needed.insert(p->file);
+    for (const Piece* p : job.pieces)
+      for (std::size_t f : piece_files(*p)) needed.insert(f);
   }
   for (std::size_t j : want_whole) {
     const Piece* pick = nullptr;
@@ -111,7 +112,7 @@ std::set<std::size_t> choose_pieces(const OpenCheckpoint& ck, std::vector<Job>& 
       if (p.slicing.replicated() && (!pick || (needed.count(p.file) && !needed.count(pick->file))))
         pick = &p;
     jobs[j].pieces = {pick};
-    needed.insert(pick->file);
+    for (std::size_t f : piece_files(*pick)) needed.insert(f);
   }
   return needed;
 }
@@ -152,11 +153,11 @@ CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& whole
   for (const Job& job : jobs) {
     const ParamEntry& e = *job.entry;
     if (job.pieces.size() == 1 && holds_exactly(job.pieces[0]->slicing, e)) {
-      ck.files[job.pieces[0]->file].file.copy_to(job.name, e.shape, job.arena + e.offset);
+      read_piece(ck, *job.pieces[0], job.arena + e.offset);
       continue;
     }
     global.assign(e.hf_numel(), 0.0f);
-    assemble_global(ck, job.name, job.pieces, global.data());
+    assemble_global(ck, job.pieces, global.data());
     slice_from_global(e, global.data(), job.arena + e.offset);
   }
   spdlog::debug("loaded checkpoint {} (step {}) from {} of its {} files", path, ck.meta.step,

@@ -2,7 +2,9 @@
 // sizes, and each stored tensor's slicing, indexed by tensor name.
 #include "checkpoint/open_checkpoint.hpp"
 
+#include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/sharded.hpp"
@@ -105,8 +107,82 @@ ParamEntry parse_slicing(const std::string& name, const std::vector<int64_t>& sh
   return s;
 }
 
-// Adds file i's tensors to the index: whole tensors (version 1) or recorded slices.
-void index_file(OpenCheckpoint& ck, std::size_t i, Role role) {
+// The runs of one tp piece held by data-parallel ranks' optimizer files, by (tensor
+// name, the writer's "tp<T>-pp<P>", shard), gathered over the files before they become
+// pieces.
+using FragmentedPieces = std::map<std::tuple<std::string, std::string, int>, Piece>;
+
+// Stored tensor `name` of file i, a run of a tp piece (its record has a flat_range).
+void index_fragment(OpenCheckpoint& ck, std::size_t i, const std::string& name,
+                    const nlohmann::json& r, const std::string& writer, FragmentedPieces& out) {
+  const SafetensorsFile& f = ck.files[i].file;
+  if (!r.contains("tensor") || !r["tensor"].is_string() || !r.contains("local_shape") ||
+      !r["local_shape"].is_array() || !r.contains("flat_range") || !r["flat_range"].is_array() ||
+      r["flat_range"].size() != 2)
+    ck.fail_in(i, "tensor " + name + " has no valid tensor, local_shape and flat_range");
+  const std::string tensor = r["tensor"].get<std::string>();
+  std::vector<int64_t> local_shape;
+  for (const auto& d : r["local_shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
+      ck.fail_in(i, "tensor " + name + " has a local_shape entry that is not a size");
+    local_shape.push_back(d.get<int64_t>());
+  }
+  ParamEntry slicing;
+  try {
+    slicing = parse_slicing(tensor, local_shape, r);
+  } catch (const std::invalid_argument& e) {
+    ck.fail_in(i, "tensor " + name + " " + e.what());
+  }
+  const auto& range = r["flat_range"];
+  if (!range[0].is_number_unsigned() || !range[1].is_number_unsigned() ||
+      range[0].get<uint64_t>() >= range[1].get<uint64_t>() || range[1].get<uint64_t>() > slicing.numel)
+    ck.fail_in(i, "tensor " + name + " has a flat_range outside its piece");
+  const Fragment run{i, name, range[0].get<std::size_t>(), range[1].get<std::size_t>()};
+  if (name != tensor + "@" + std::to_string(run.begin) ||
+      f.shape(name) != std::vector<int64_t>{int64_t(run.end - run.begin)})
+    ck.fail_in(i, "tensor " + name + " is not stored as its flat_range says");
+  Piece& piece = out[{tensor, writer, slicing.shard}];
+  if (piece.fragments.empty()) {
+    piece.file = i;
+    piece.slicing = slicing;
+    piece.slicing.name = tensor;
+  } else if (piece.slicing.hf_shape != slicing.hf_shape || piece.slicing.shape != slicing.shape ||
+             piece.slicing.split_dim != slicing.split_dim ||
+             piece.slicing.num_shards != slicing.num_shards ||
+             piece.slicing.split_groups != slicing.split_groups) {
+    ck.fail_in(i, "tensor " + name + " is sliced unlike the other runs of " + tensor);
+  }
+  piece.fragments.push_back(run);
+}
+
+// Each fragmented piece's runs must tile it exactly; then it joins the index.
+void add_fragmented(OpenCheckpoint& ck, Role role, FragmentedPieces& pieces) {
+  for (auto& [key, piece] : pieces) {
+    auto& runs = piece.fragments;
+    std::sort(runs.begin(), runs.end(), [](const Fragment& a, const Fragment& b) { return a.begin < b.begin; });
+    std::size_t covered = 0;
+    for (const Fragment& run : runs) {
+      if (run.begin != covered)
+        throw InputError(ck.dir.string() + ": tensor " + std::get<0>(key) + " of " + std::get<1>(key) +
+                         (run.begin > covered ? ": elements from " + std::to_string(covered) +
+                                                    " are in no optimizer file"
+                                              : ": element " + std::to_string(run.begin) +
+                                                    " is stored twice"));
+      covered = run.end;
+    }
+    if (covered != piece.slicing.numel)
+      throw InputError(ck.dir.string() + ": tensor " + std::get<0>(key) + " of " + std::get<1>(key) +
+                       ": elements from " + std::to_string(covered) + " are in no optimizer file");
+    piece.file = runs.front().file;
+    ck.tensors[role][std::get<0>(key)].push_back(std::move(piece));
+  }
+}
+
+// Adds file i's tensors to the index: whole tensors (version 1) or recorded slices, or
+// (a data-parallel rank's optimizer file, written by `writer`) runs of slices, gathered
+// in `fragmented`.
+void index_file(OpenCheckpoint& ck, std::size_t i, Role role, const std::string& writer,
+                FragmentedPieces& fragmented) {
   const SafetensorsFile& f = ck.files[i].file;
   nlohmann::json slicing;
   if (ck.format_version == kShardedFormatVersion) {
@@ -118,9 +194,13 @@ void index_file(OpenCheckpoint& ck, std::size_t i, Role role) {
       ck.fail_in(i, std::string(kSlicingMetadataKey) + " is not a JSON object");
   }
   for (const std::string& name : f.names()) {
-    Piece p{i, {}};
+    Piece p{i, {}, {}};
     if (ck.format_version == kShardedFormatVersion) {
       if (!slicing.contains(name)) ck.fail_in(i, "tensor " + name + " has no slicing record");
+      if (slicing[name].is_object() && slicing[name].contains("flat_range")) {
+        index_fragment(ck, i, name, slicing[name], writer, fragmented);
+        continue;
+      }
       try {
         p.slicing = parse_slicing(name, f.shape(name), slicing[name]);
       } catch (const std::invalid_argument& e) {
@@ -168,6 +248,22 @@ void check_complete(OpenCheckpoint& ck, Role role) {
 }
 
 }  // namespace
+
+std::vector<std::size_t> piece_files(const Piece& p) {
+  if (p.fragments.empty()) return {p.file};
+  std::vector<std::size_t> files;
+  for (const Fragment& f : p.fragments) files.push_back(f.file);
+  return files;
+}
+
+void read_piece(const OpenCheckpoint& ck, const Piece& p, float* out) {
+  if (p.fragments.empty()) {
+    ck.files[p.file].file.copy_to(p.slicing.name, p.slicing.shape, out);
+    return;
+  }
+  for (const Fragment& f : p.fragments)
+    ck.files[f.file].file.copy_to(f.stored_name, {int64_t(f.end - f.begin)}, out + f.begin);
+}
 
 void StoredFile::verify() {
   if (verified) return;
@@ -217,9 +313,11 @@ OpenCheckpoint open_checkpoint(const fs::path& dir, bool with_optimizer, bool ve
   ck.meta = {j["step"].get<int64_t>(), j["config_yaml"].get<std::string>(),
              j.value("train_state", nlohmann::json()), {}};
   std::vector<Role> roles;
-  auto add = [&](const std::string& name, Role role) {
+  std::vector<std::string> writers;  // each file's "tp<T>-pp<P>"
+  auto add = [&](const std::string& name, Role role, const std::string& writer = "") {
     ck.files.push_back(open_file(dir, name, files, meta_path));
     roles.push_back(role);
+    writers.push_back(writer);
   };
   if (version == kCheckpointFormatVersion) {
     add("model.safetensors", kModel);
@@ -232,27 +330,35 @@ OpenCheckpoint open_checkpoint(const fs::path& dir, bool with_optimizer, bool ve
         throw bad(std::string("no valid layout.") + key);
       return layout[key].get<int>();
     };
-    const int tp = dim("tp"), pp = dim("pp");
-    dim("dp");
+    const int tp = dim("tp"), pp = dim("pp"), dp = dim("dp");
+    const nlohmann::json by_dp = layout.value("optimizer_by_dp", nlohmann::json(false));
+    if (!by_dp.is_boolean()) throw bad("layout.optimizer_by_dp is not true or false");
     std::set<std::string> expected;
-    for (const char* kind : {"model", "optimizer"}) {
-      const bool opened = kind == std::string("model") || with_optimizer;
-      for (int p = 0; p < pp; ++p)
-        for (int t = 0; t < tp; ++t) {
-          const std::string name = shard_file_name(kind, t, p);
-          if (!files.contains(name))
-            throw bad(name + " is not listed: a shard of the tp=" + std::to_string(tp) +
-                      " pp=" + std::to_string(pp) + " checkpoint is missing");
-          expected.insert(name);
-          if (opened) add(name, kind == std::string("model") ? kModel : kOptimizer);
-        }
-    }
+    auto expect = [&](const std::string& name, bool opened, Role role, const std::string& writer) {
+      if (!files.contains(name))
+        throw bad(name + " is not listed: a shard of the tp=" + std::to_string(tp) + " pp=" +
+                  std::to_string(pp) + " dp=" + std::to_string(dp) + " checkpoint is missing");
+      expected.insert(name);
+      if (opened) add(name, role, writer);
+    };
+    for (int p = 0; p < pp; ++p)
+      for (int t = 0; t < tp; ++t) {
+        const std::string writer = "tp" + std::to_string(t) + "-pp" + std::to_string(p);
+        expect(shard_file_name("model", t, p), true, kModel, writer);
+        if (!by_dp.get<bool>())
+          expect(shard_file_name("optimizer", t, p), with_optimizer, kOptimizer, writer);
+        else
+          for (int d = 0; d < dp; ++d)
+            expect(optimizer_dp_file_name(t, p, d), with_optimizer, kOptimizer, writer);
+      }
     for (const auto& [name, entry] : files.items())
       if (!expected.count(name)) throw bad("lists " + name + ", which is no shard of its layout");
   }
   if (verify_all)
     for (StoredFile& f : ck.files) f.verify();
-  for (std::size_t i = 0; i < ck.files.size(); ++i) index_file(ck, i, roles[i]);
+  FragmentedPieces fragmented;
+  for (std::size_t i = 0; i < ck.files.size(); ++i) index_file(ck, i, roles[i], writers[i], fragmented);
+  add_fragmented(ck, kOptimizer, fragmented);
   check_complete(ck, kModel);
   check_complete(ck, kOptimizer);
   return ck;

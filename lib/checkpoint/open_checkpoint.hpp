@@ -26,13 +26,27 @@ struct StoredFile {
   void verify();
 };
 
+// A flat run of a piece stored in a data-parallel rank's optimizer file (sharded.hpp):
+// elements [begin, end) of the piece, flattened.
+struct Fragment {
+  std::size_t file = 0;
+  std::string stored_name;
+  std::size_t begin = 0, end = 0;
+};
+
 // One stored piece of a global tensor.
 struct Piece {
-  std::size_t file = 0;  // index into OpenCheckpoint::files
+  std::size_t file = 0;  // index into OpenCheckpoint::files (the first fragment's)
   // name: the tensor's name in the file (global name + suffix); shape/numel: as stored;
   // hf_shape: the global shape; split fields: where the piece sits in the global tensor.
   ParamEntry slicing;
+  // Empty: the piece is stored whole, as `slicing.name`. Else the runs it is stored in,
+  // in order, tiling it.
+  std::vector<Fragment> fragments;
 };
+
+// The files a piece is read from.
+std::vector<std::size_t> piece_files(const Piece& p);
 
 struct OpenCheckpoint {
   std::filesystem::path dir;
@@ -60,9 +74,12 @@ OpenCheckpoint open_checkpoint(const std::filesystem::path& dir, bool with_optim
 void match_model(OpenCheckpoint& ck, Role role, const ParamLayout& whole,
                  const std::vector<std::string>& suffixes);
 
-// `global` (the tensor's hf_numel floats) = stored tensor `name` assembled from `pieces`
-// (a whole piece, or one piece of every shard); the files must be verified first.
-void assemble_global(const OpenCheckpoint& ck, const std::string& name,
-                     const std::vector<const Piece*>& pieces, float* global);
+// The piece's slicing.numel floats, as its slicing says (files verified first).
+void read_piece(const OpenCheckpoint& ck, const Piece& p, float* out);
+
+// `global` (the tensor's hf_numel floats) = the stored tensor assembled from `pieces` (a
+// whole piece, or one piece of every shard); the files must be verified first.
+void assemble_global(const OpenCheckpoint& ck, const std::vector<const Piece*>& pieces,
+                     float* global);
 
 }  // namespace pptrain::ckpt

@@ -14,9 +14,21 @@
 // with the meaning of ParamEntry's fields (split_dim -1: the whole tensor). meta.json
 // records format_version 2, the layout {"tp", "pp", "dp"} and every shard file's size
 // and checksum. load_checkpoint reads both formats into any layout.
+//
+// Under ZeRO-1 every data-parallel rank writes the optimizer state it holds instead, and
+// the layout records "optimizer_by_dp": true:
+//
+//   <dir>/step_00000100/optimizer-tp<T>-pp<P>-dp<D>.safetensors   one per (T, P, D)
+//
+// A rank's state is a few flat ranges of its arena, which cut tensors anywhere. Each
+// piece of a tensor in a range is stored 1-D under "<name>.exp_avg@<first element>"; its
+// slicing record adds "tensor": "<name>.exp_avg", the tp piece's "local_shape" and
+// "flat_range": [begin, end), the elements of the tp piece (flattened) it holds. The
+// pieces of one tp piece, over the dp files, tile it exactly.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
@@ -36,10 +48,13 @@ struct FileRecord {
 // The parallel layout that wrote a sharded checkpoint (recorded in meta.json).
 struct ShardedLayout {
   int tp = 1, pp = 1, dp = 1;
+  bool optimizer_by_dp = false;  // ZeRO-1: an optimizer file per (tp, pp, dp)
 };
 
 // "<kind>-tp<T>-pp<P>.safetensors", kind "model" or "optimizer".
 std::string shard_file_name(const std::string& kind, int tp, int pp);
+// "optimizer-tp<T>-pp<P>-dp<D>.safetensors".
+std::string optimizer_dp_file_name(int tp, int pp, int dp);
 
 // <dir>/step_%08lld: where the checkpoint of `step` is (or will be) installed.
 std::string step_dir_path(const std::string& dir, int64_t step);
@@ -59,6 +74,13 @@ FileRecord write_model_shard(const std::string& tmp_dir, int tp, int pp, const P
 FileRecord write_optimizer_shard(const std::string& tmp_dir, int tp, int pp,
                                  const ParamLayout& layout, const float* exp_avg,
                                  const float* exp_avg_sq);
+
+// Under ZeRO-1: this rank's optimizer state, the moments of the arena `ranges` (begin,
+// end) packed range after range in `exp_avg` and `exp_avg_sq`.
+FileRecord write_optimizer_ranges(const std::string& tmp_dir, int tp, int pp, int dp,
+                                  const ParamLayout& layout,
+                                  const std::vector<std::pair<std::size_t, std::size_t>>& ranges,
+                                  const float* exp_avg, const float* exp_avg_sq);
 
 // After every shard file is written: writes meta.json (format_version 2, `layout`,
 // `files`) and meta.extra_files into the temp dir, fsyncs it, renames it to

@@ -205,10 +205,7 @@ void GradSync::all_gather_blocks(void* arena, DType dt) {
 
 void GradSync::download_whole(AdamW& opt, const float* packed, float* host) {
   ops::Ops& ops = *s_.ops;
-  if (!zero_) {
-    ops.download(host, packed, s_.model.layout().total_floats() * sizeof(float));
-    return;
-  }
+  PPTRAIN_CHECK(zero_, "download_whole: the blocks are gathered over dp under ZeRO-1 only");
   std::size_t largest = 0;
   for (const GradBucket& b : buckets_) largest = std::max(largest, b.size());
   ops::Buffer whole(ops, largest * sizeof(float), "a bucket gathered for a checkpoint");
@@ -220,11 +217,6 @@ void GradSync::download_whole(AdamW& opt, const float* packed, float* host) {
     s_.comms.dp_for_model()->all_gather_start(whole.get(), b.size(), DType::F32)->wait_in_queue();
     ops.download(host + b.begin, whole.get(), b.size() * sizeof(float));
   }
-}
-
-void GradSync::full_moments(AdamW& opt, float* m, float* v) {
-  download_whole(opt, opt.exp_avg(), m);
-  download_whole(opt, opt.exp_avg_sq(), v);
 }
 
 void GradSync::load_moments(const float* m, const float* v, AdamW& opt) {

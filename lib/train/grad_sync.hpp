@@ -60,8 +60,6 @@ class GradSync {
   void read_params(AdamW& opt, float* host);
   // Sets the master weights, and the weight copy, from a whole arena in host memory.
   void write_params(AdamW& opt, const float* host);
-  // Whole-arena moments for a checkpoint, in host memory (all-gathered over dp under ZeRO).
-  void full_moments(AdamW& opt, float* m, float* v);
   // Puts whole-arena moments loaded from a checkpoint (host memory) into the optimizer's ranges.
   void load_moments(const float* m, const float* v, AdamW& opt);
 
@@ -76,7 +74,7 @@ class GradSync {
   std::unique_ptr<comm::PendingOp> gather_block(std::size_t i, void* arena, DType dt);
   void all_gather_blocks(void* arena, DType dt);
   // The whole arena of `packed` (one of the optimizer's arrays, its ranges packed) in
-  // host memory, through one bucket's buffer in backend memory under ZeRO.
+  // host memory under ZeRO-1: the dp ranks' blocks gathered through one bucket's buffer.
   void download_whole(AdamW& opt, const float* packed, float* host);
   // Sequence parallelism: sums the LayerNorm gradients over tp, packed in one message.
   void sum_layer_norms_over_tp();

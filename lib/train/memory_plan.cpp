@@ -76,7 +76,8 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   const bool master_sharded = optimizer_holds_master(p, be.compute);
   r.weights = master_sharded ? 0 : 4 * total;
   r.optimizer = (master_sharded ? 3 : 2) * 4 * shard;
-  if (zero_shards(p) && !c.checkpoint.dir.empty()) {  // a checkpoint gathers bucket by bucket
+  // A checkpoint gathers a sharded master bucket by bucket (each rank saves its own moments).
+  if (master_sharded && !c.checkpoint.dir.empty()) {
     for (const GradBucket& b : plan_grad_buckets(layout, part, bucket_floats(p)))
       r.checkpoint_gather = std::max(r.checkpoint_gather, 4 * double(b.size()));
   }

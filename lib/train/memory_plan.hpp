@@ -25,7 +25,7 @@ struct RankMemory {
   // weights: the model's fp32 master; optimizer: the moments, and the master when the
   // optimizer holds it (optimizer_holds_master).
   double weights = 0, gradients = 0, weight_copy = 0, optimizer = 0;
-  double checkpoint_gather = 0;  // ZeRO-1: one bucket gathered at a time while saving
+  double checkpoint_gather = 0;  // a sharded master: one bucket gathered at a time while saving
   double activations = 0;        // the sets and lent parts at their schedule peaks
   double workspace = 0;          // the model's shared activation workspace
   // Bytes a parameter for its weights, gradients, weight copy and optimizer state.

@@ -1,5 +1,6 @@
 // The multi-rank choreography of sharded saves: rank 0 makes the temp dir; the
-// writers (dp rank 0 of each (tp, pp) position) write their shards; rank 0 commits.
+// writers (dp rank 0 of each (tp, pp) position, and under ZeRO-1 every dp rank for the
+// optimizer state) write their shards; rank 0 commits.
 // After each phase every rank learns whether all went well, so all fail together.
 #include "train/run_checkpoint.hpp"
 
@@ -10,6 +11,7 @@
 
 #include "checkpoint/init_from.hpp"
 #include "checkpoint/sharded.hpp"
+#include "optim/adamw.hpp"
 
 namespace pptrain {
 
@@ -55,12 +57,14 @@ void agree(Session& s, bool ok, const std::string& error) {
 
 }  // namespace
 
-std::string save_run_checkpoint(Session& s, const float* params, const float* exp_avg,
-                                const float* exp_avg_sq, const CheckpointMeta& meta) {
+std::string save_run_checkpoint(Session& s, const float* params, const SavedMoments& moments,
+                                const CheckpointMeta& meta) {
   const auto& ck = s.cfg.checkpoint;
   if (s.grid.world_size() == 1)
-    return save_checkpoint(ck.dir, ck.keep, s.model.layout(), params, exp_avg, exp_avg_sq, meta);
+    return save_checkpoint(ck.dir, ck.keep, s.model.layout(), params, moments.exp_avg,
+                           moments.exp_avg_sq, meta);
   const bool root = s.rank == 0;
+  const bool by_dp = zero_shards(s.cfg.parallel);
   std::string error;
 
   // 1. Rank 0 creates the temp dir; agreeing on the outcome is the barrier after it.
@@ -71,19 +75,24 @@ std::string save_run_checkpoint(Session& s, const float* params, const float* ex
     }
   agree(s, error.empty(), error);
 
-  // 2. The writers write and fsync their shards; every writer's records reach every rank.
+  // 2. The writers write and fsync their shards (dp rank 0 of each position its model
+  // file; it, or under ZeRO-1 every dp rank, its optimizer file); every writer's records
+  // reach every rank.
   const int world = s.grid.world_size();
   std::vector<double> slots(std::size_t(world) * kSlot, 0.0);
-  if (s.coord.dp == 0) {
-    double* slot = slots.data() + std::size_t(s.rank) * kSlot;
-    try {
-      const std::string tmp = temp_step_dir(ck.dir, meta.step);
-      put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), params));
-      put(slot + 3, write_optimizer_shard(tmp, s.coord.tp, s.coord.pp, s.model.layout(), exp_avg,
-                                          exp_avg_sq));
-    } catch (const std::exception& e) {
-      error = "saving checkpoint " + step_dir_path(ck.dir, meta.step) + " failed: " + e.what();
-    }
+  double* slot = slots.data() + std::size_t(s.rank) * kSlot;
+  try {
+    const std::string tmp = temp_step_dir(ck.dir, meta.step);
+    const ParamLayout& layout = s.model.layout();
+    if (s.coord.dp == 0) put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, layout, params));
+    if (by_dp)
+      put(slot + 3, write_optimizer_ranges(tmp, s.coord.tp, s.coord.pp, s.coord.dp, layout,
+                                           *moments.ranges, moments.exp_avg, moments.exp_avg_sq));
+    else if (s.coord.dp == 0)
+      put(slot + 3, write_optimizer_shard(tmp, s.coord.tp, s.coord.pp, layout, moments.exp_avg,
+                                          moments.exp_avg_sq));
+  } catch (const std::exception& e) {
+    error = "saving checkpoint " + step_dir_path(ck.dir, meta.step) + " failed: " + e.what();
   }
   s.comms.all->all_reduce(slots.data(), slots.size(), comm::ReduceOp::Sum);
   try {
@@ -95,15 +104,17 @@ std::string save_run_checkpoint(Session& s, const float* params, const float* ex
   std::vector<FileRecord> files;
   for (int r = 0; r < world; ++r) {
     const RankCoord c = s.grid.coord(r);
-    if (c.dp != 0) continue;
-    const double* slot = slots.data() + std::size_t(r) * kSlot;
-    files.push_back(get(slot, shard_file_name("model", c.tp, c.pp)));
-    files.push_back(get(slot + 3, shard_file_name("optimizer", c.tp, c.pp)));
+    const double* at = slots.data() + std::size_t(r) * kSlot;
+    if (c.dp == 0) files.push_back(get(at, shard_file_name("model", c.tp, c.pp)));
+    if (by_dp)
+      files.push_back(get(at + 3, optimizer_dp_file_name(c.tp, c.pp, c.dp)));
+    else if (c.dp == 0)
+      files.push_back(get(at + 3, shard_file_name("optimizer", c.tp, c.pp)));
   }
 
   // 3. Rank 0 writes meta.json and installs the step dir.
   if (root) try {
-      commit_step_dir(ck.dir, ck.keep, files, {s.grid.tp(), s.grid.pp(), s.grid.dp()}, meta);
+      commit_step_dir(ck.dir, ck.keep, files, {s.grid.tp(), s.grid.pp(), s.grid.dp(), by_dp}, meta);
     } catch (const std::exception& e) {
       error = e.what();
     }

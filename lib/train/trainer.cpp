@@ -394,11 +394,12 @@ void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
                       {"tokens_seen", n * tokens_per_step(cfg_)},
                       {"loss", o.loss}};
   meta.extra_files["config.json"] = hf_gpt2_config(cfg_.model);
-  const size_t arena = s_.model.layout().total_floats();
-  AlignedBuffer<float> params(arena), m(arena), v(arena);
+  AlignedBuffer<float> params(s_.model.layout().total_floats()), m(opt_.size()), v(opt_.size());
   sync_.read_params(opt_, params.data());
-  sync_.full_moments(opt_, m.data(), v.data());
-  result_.last_checkpoint = save_run_checkpoint(s_, params.data(), m.data(), v.data(), meta);
+  s_.ops->download(m.data(), opt_.exp_avg(), opt_.size() * sizeof(float));
+  s_.ops->download(v.data(), opt_.exp_avg_sq(), opt_.size() * sizeof(float));
+  result_.last_checkpoint =
+      save_run_checkpoint(s_, params.data(), {m.data(), v.data(), &opt_.ranges()}, meta);
 }
 
 void RankTrainer::finish_logs() {

@@ -139,13 +139,20 @@ def run(pptrain, config, work, name, tp, pp, dp, mb, extra):
         return [json.loads(line) for line in f]
 
 
-def check_format(step_dir, tp, pp, dp):
-    """One rank writes the single-file checkpoint; more write a shard pair per (tp, pp)."""
+def check_format(step_dir, tp, pp, dp, zero=False):
+    """One rank writes the single-file checkpoint; more write a shard pair per (tp, pp),
+    or under ZeRO-1 a model file per (tp, pp) and an optimizer file per (tp, pp, dp)."""
     with open(os.path.join(step_dir, "meta.json")) as f:
         meta = json.load(f)
     if tp * pp * dp == 1:
         want = {"model.safetensors", "optimizer.safetensors"}
         ok = meta["format_version"] == 1
+    elif zero:
+        want = {f"model-tp{t}-pp{p}.safetensors" for t in range(tp) for p in range(pp)} | \
+            {f"optimizer-tp{t}-pp{p}-dp{d}.safetensors" for t in range(tp) for p in range(pp)
+             for d in range(dp)}
+        ok = meta["format_version"] == 2 and \
+            meta["layout"] == {"tp": tp, "pp": pp, "dp": dp, "optimizer_by_dp": True}
     else:
         want = {f"{k}-tp{t}-pp{p}.safetensors" for k in ("model", "optimizer")
                 for t in range(tp) for p in range(pp)}
@@ -263,9 +270,18 @@ def main():
         run(pptrain, config, work, "save_" + zero, tp, pp, dp, mb,
             extra + [f"checkpoint.dir={saved_dir}", "checkpoint.every=5"])
         want = [json.loads(l) for l in open(os.path.join(work, zero + ".jsonl"))][5:]
+        failures += check_format(os.path.join(saved_dir, "step_00000005"), tp, pp, dp, zero=True)
+        exported = os.path.join(work, "export_" + zero)
+        out = subprocess.run([pptrain, "export", "--checkpoint", os.path.join(saved_dir, "step_00000005"),
+                              "--out", exported], capture_output=True, text=True, timeout=300)
+        ok = out.returncode == 0 and os.path.exists(os.path.join(exported, "model.safetensors"))
+        print(f"export of the ZeRO-1 checkpoint: exit {out.returncode} -> {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append("export_zero")
         for name, (rtp, rpp, rdp, rmb, rextra) in {
                 "resume_zero_same": (tp, pp, dp, mb, extra),
-                "resume_zero_to_one": (1, 1, 1, 4, [])}.items():
+                "resume_zero_to_one": (1, 1, 1, 4, []),
+                "resume_zero_to_dp4": (1, 1, 4, 1, ["parallel.zero=1"])}.items():
             ckpt = os.path.join(work, name)
             shutil.copytree(os.path.join(saved_dir, "step_00000005"), os.path.join(ckpt, "step_00000005"))
             rows = run(pptrain, config, work, name, rtp, rpp, rdp, rmb,
@@ -290,7 +306,7 @@ def main():
         failures.append("repeatability")
     if failures:
         sys.exit("layouts differing from the single-rank run: " + ", ".join(failures))
-    print(f"{len(names) + len(RECOMPUTE_CASES) + len(SP_CASES) + len(RESUME_CASES) + 4 + (2 if zero in names else 0)} passed, "
+    print(f"{len(names) + len(RECOMPUTE_CASES) + len(SP_CASES) + len(RESUME_CASES) + 4 + (5 if zero in names else 0)} passed, "
           "0 failed")
 
 
