@@ -105,8 +105,8 @@ GptModel::LayerTensors<float*> GptModel::layer_grads(int layer) {
 
 void GptModel::zero_grads() { grads_.zero(); }
 
-const std::vector<float>& GptModel::position_losses(const Activations& a) const {
-  return a.host_losses;
+const std::vector<float>& GptModel::position_losses(const Set& set) const {
+  return activations(set).host_losses;
 }
 const std::vector<float>& GptModel::position_losses() const { return whole_->host_losses; }
 
@@ -118,8 +118,9 @@ float GptModel::forward(const int32_t* tokens, const int32_t* targets, float los
 void GptModel::backward_input() { backward_input(0, *whole_); }
 void GptModel::backward_weight() { backward_weight(0, *whole_); }
 
-float GptModel::forward(int chunk, Activations& a, const int32_t* tokens, const ops::Act* input,
+float GptModel::forward(int chunk, Set& set, const int32_t* tokens, const ops::Act* input,
                         const int32_t* targets, float loss_scale, double* loss_total) {
+  Activations& a = activations(set);
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const int n = c.layer_end - c.layer_begin;
   const size_t N = size_t(B_) * T_;
@@ -247,7 +248,8 @@ void GptModel::recompute(int l, int i, LayerView& v) {
   }
 }
 
-void GptModel::backward_input(int chunk, Activations& a, const LayerFn& layer_done) {
+void GptModel::backward_input(int chunk, Set& set, const LayerFn& layer_done) {
+  Activations& a = activations(set);
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   const bool fused = fused_backward_[size_t(chunk)];
   lend(a, Lifetime::FromB);
@@ -308,7 +310,8 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh, C);
 }
 
-void GptModel::backward_weight(int chunk, Activations& a, const LayerFn& layer_done) {
+void GptModel::backward_weight(int chunk, Set& set, const LayerFn& layer_done) {
+  Activations& a = activations(set);
   if (a.weight_done) return;  // the fused backward ran it
   const ChunkSpec& c = part_.chunks[size_t(chunk)];
   for (int l = c.layer_end - 1; l >= c.layer_begin; --l) {

@@ -22,6 +22,7 @@
 #include "model/param_layout.hpp"
 #include "model/tp_regions.hpp"
 #include "ops/ops.hpp"
+#include "model/stage_model.hpp"
 
 namespace pptrain {
 
@@ -29,7 +30,7 @@ namespace pptrain {
 // use, i.e. 72*L*C^2 + 6*C*Vp for the matmuls, plus 12*L*T*C for attention.
 double gpt_flops_per_token(const ModelConfig& model);
 
-class GptModel {
+class GptModel : public StageModel {
  public:
   // Who holds the fp32 master weights: the model (its parameter arena, params()), or,
   // under a distributed optimizer, the optimizer (sharded; the model then holds only its
@@ -37,7 +38,8 @@ class GptModel {
   enum class Master { InModel, InOptimizer };
 
   // One micro-batch's saved values for one chunk, between its forward and its
-  // weight-gradient pass. Owned by the caller; the model reads and writes it.
+  // weight-gradient pass (the StageModel::Set of this model). Owned by the caller; the
+  // model reads and writes it.
   struct Activations;
 
   // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group for
@@ -47,13 +49,14 @@ class GptModel {
            Master master = Master::InModel);
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops)
       : GptModel(model, batch, ops, whole_model(model)) {}
-  ~GptModel();
+  ~GptModel() override;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
-  const ModelPartition& partition() const { return part_; }
-  ops::Ops& backend() const { return ops_; }
+  const ModelPartition& partition() const override { return part_; }
+  ops::Ops& backend() const override { return ops_; }
   int batch() const { return B_; }
+  std::size_t micro_batch_tokens() const override { return std::size_t(B_) * std::size_t(T_); }
   const ActivationPolicy& policy() const { return policy_; }
   // The sizes the activation table is evaluated at for this rank.
   ActivationShape activation_shape() const;
@@ -91,24 +94,25 @@ class GptModel {
   // first use; release_boundaries returns what a set holds of them (once no send reads
   // them), return_boundary one of them (Slot::output, output_grad or input_grad).
   std::unique_ptr<Activations> new_activations(int chunk) const;
-  void release_parts(Activations& a);
-  void release_boundaries(Activations& a);
-  void return_boundary(Activations& a, Slot s);
+  std::unique_ptr<Set> new_set(int chunk) override;
+  void release_parts(Set& set) override;
+  void release_boundaries(Set& set) override;
+  void return_boundary(Set& set, Slot s) override;
   // A hop between chunks on this rank writes straight into the other set's array: the
   // forward's output into the next chunk's input_buffer, the input gradient into the
   // previous chunk's output_grad.
-  void output_into(Activations& a, ops::Act* next_input);
-  void input_grad_into(Activations& a, ops::Act* previous_output_grad);
+  void output_into(Set& set, ops::Act* next_input) override;
+  void input_grad_into(Set& set, ops::Act* previous_output_grad) override;
   // Bytes of one stage-boundary array: the [batch * seq_len, d_model] rows this rank holds
   // (N / tp of them under sequence parallelism), what is sent between stages.
-  std::size_t boundary_bytes() const;
+  std::size_t boundary_bytes() const override;
   // The part of a boundary array this rank sends or receives between stages, as a byte
   // offset and length. Without sequence parallelism every tp rank holds the whole array,
   // so each sends only its 1/tp share and the receiver all-gathers it over tp
   // (complete_message), as Megatron's scatter/gather; else the whole array.
-  std::pair<std::size_t, std::size_t> message_part() const;
+  std::pair<std::size_t, std::size_t> message_part() const override;
   // After a receive of message_part() into `boundary`: the whole array.
-  void complete_message(ops::Act* boundary);
+  void complete_message(ops::Act* boundary) override;
 
   // Forward of one chunk on a micro-batch [batch, seq_len]. A first chunk reads `tokens`
   // (host memory); any other reads `input`, boundary_bytes() (backend memory: the
@@ -118,8 +122,8 @@ class GptModel {
   // evaluation only. Other chunks return 0 and leave their output in output(a). With
   // `loss_total` (backend memory, one fp64) a last chunk adds its mean loss there
   // (ops::Ops::add_mean) instead, without waiting for it, and returns 0.
-  float forward(int chunk, Activations& a, const int32_t* tokens, const ops::Act* input,
-                const int32_t* targets, float loss_scale, double* loss_total = nullptr);
+  float forward(int chunk, Set& set, const int32_t* tokens, const ops::Act* input,
+                const int32_t* targets, float loss_scale, double* loss_total = nullptr) override;
   // The single-chunk whole model: forward on tokens/targets.
   float forward(const int32_t* tokens, const int32_t* targets, float loss_scale = 0.0f);
 
@@ -129,22 +133,21 @@ class GptModel {
   // layer's W right after its B here, from one layer's workspace.
   // `layer_done`, when set, is called with each layer once its weight gradients are
   // queued, from whichever of the two passes runs them.
-  using LayerFn = std::function<void(int layer)>;
-  void backward_input(int chunk, Activations& a, const LayerFn& layer_done = {});
+  void backward_input(int chunk, Set& set, const LayerFn& layer_done = {}) override;
   // Weight gradients of the chunk, accumulated into grads(); after backward_input (a
   // no-op when backward_input already ran them).
-  void backward_weight(int chunk, Activations& a, const LayerFn& layer_done = {});
+  void backward_weight(int chunk, Set& set, const LayerFn& layer_done = {}) override;
   void backward_input();   // single-chunk whole model
   void backward_weight();  // single-chunk whole model
 
   // Stage-boundary arrays in backend memory, boundary_bytes() each; the last three are
   // lent to the set when first asked for.
-  ops::Act* input_buffer(Activations& a) const;  // where a non-first chunk's input is received
-  ops::Act* output(Activations& a);              // the held rows, sent forward
-  ops::Act* output_grad(Activations& a);         // where dL/d(output) is received
-  ops::Act* input_grad(Activations& a);          // dL/d(input), sent back
+  ops::Act* input_buffer(Set& set) const override;  // where a non-first chunk's input is received
+  ops::Act* output(Set& set) override;              // the held rows, sent forward
+  ops::Act* output_grad(Set& set) override;         // where dL/d(output) is received
+  ops::Act* input_grad(Set& set) override;          // dL/d(input), sent back
   // Per-position losses [batch, seq_len] (host copy) of a last chunk's forward.
-  const std::vector<float>& position_losses(const Activations& a) const;
+  const std::vector<float>& position_losses(const Set& set) const override;
   const std::vector<float>& position_losses() const;  // single-chunk whole model
 
  private:
@@ -160,6 +163,8 @@ class GptModel {
   LayerTensors<float*> layer_grads(int layer);
   const ops::Act* weight(const char* name);
   float* grad(const char* name);
+  static Activations& activations(Set& set);  // the sets this model makes
+  static const Activations& activations(const Set& set);
   void* slot(Activations& a, int local, Slot s, bool forward = false) const;
   ops::Act* act(Activations& a, Slot s) const { return static_cast<ops::Act*>(slot(a, 0, s)); }
   float* f32(Activations& a, Slot s) const { return static_cast<float*>(slot(a, 0, s)); }
@@ -202,7 +207,7 @@ class GptModel {
 // One micro-batch's buffers for one chunk, in backend memory, laid out by
 // activation_layout(chunk): Act slots in the compute dtype, statistics and losses fp32,
 // tokens and targets int32.
-struct GptModel::Activations {
+struct GptModel::Activations : StageModel::Set {
   int chunk = 0;
   ops::Buffer set;               // the Set slots
   ops::Buffer until_b, from_b;   // the UntilB and FromB slots, lent by the model

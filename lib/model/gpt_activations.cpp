@@ -35,6 +35,13 @@ void GptModel::init_activation_layouts() {
   spare_from_b_.resize(part_.chunks.size());
 }
 
+GptModel::Activations& GptModel::activations(Set& set) { return static_cast<Activations&>(set); }
+const GptModel::Activations& GptModel::activations(const Set& set) {
+  return static_cast<const Activations&>(set);
+}
+
+std::unique_ptr<StageModel::Set> GptModel::new_set(int chunk) { return new_activations(chunk); }
+
 std::unique_ptr<GptModel::Activations> GptModel::new_activations(int chunk) const {
   const ChunkActivationLayout& L = layouts_.at(std::size_t(chunk));
   auto a = std::make_unique<Activations>();
@@ -64,7 +71,8 @@ void GptModel::give_back(Activations& a, Lifetime part) {
   if (held.get()) spare.push_back(std::move(held));
 }
 
-void GptModel::release_parts(Activations& a) {
+void GptModel::release_parts(Set& set) {
+  Activations& a = activations(set);
   give_back(a, Lifetime::UntilB);
   give_back(a, Lifetime::FromB);
 }
@@ -92,25 +100,29 @@ ops::Act* GptModel::boundary(Activations& a, Slot s) {
   return a.boundaries[i] = a.lent[i].act();
 }
 
-void GptModel::release_boundaries(Activations& a) {
+void GptModel::release_boundaries(Set& set) {
+  Activations& a = activations(set);
   for (int i = 0; i < 3; ++i) {
     if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
     a.boundaries[i] = nullptr;
   }
 }
 
-void GptModel::return_boundary(Activations& a, Slot s) {
+void GptModel::return_boundary(Set& set, Slot s) {
+  Activations& a = activations(set);
   const int i = boundary_index(s);
   if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
   a.boundaries[i] = nullptr;
 }
 
-void GptModel::output_into(Activations& a, ops::Act* next_input) {
+void GptModel::output_into(Set& set, ops::Act* next_input) {
+  Activations& a = activations(set);
   PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::output)], "the output is already held");
   a.boundaries[boundary_index(Slot::output)] = next_input;
 }
 
-void GptModel::input_grad_into(Activations& a, ops::Act* previous_output_grad) {
+void GptModel::input_grad_into(Set& set, ops::Act* previous_output_grad) {
+  Activations& a = activations(set);
   PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::input_grad)], "the input gradient is already held");
   a.boundaries[boundary_index(Slot::input_grad)] = previous_output_grad;
 }
@@ -209,11 +221,11 @@ void GptModel::complete_message(ops::Act* boundary) {
   tp_.all_gather_in_place(boundary, count);
 }
 
-ops::Act* GptModel::input_buffer(Activations& a) const {
-  return static_cast<ops::Act*>(slot(a, 0, Slot::x));
+ops::Act* GptModel::input_buffer(Set& set) const {
+  return static_cast<ops::Act*>(slot(activations(set), 0, Slot::x));
 }
-ops::Act* GptModel::output(Activations& a) { return boundary(a, Slot::output); }
-ops::Act* GptModel::output_grad(Activations& a) { return boundary(a, Slot::output_grad); }
-ops::Act* GptModel::input_grad(Activations& a) { return boundary(a, Slot::input_grad); }
+ops::Act* GptModel::output(Set& set) { return boundary(activations(set), Slot::output); }
+ops::Act* GptModel::output_grad(Set& set) { return boundary(activations(set), Slot::output_grad); }
+ops::Act* GptModel::input_grad(Set& set) { return boundary(activations(set), Slot::input_grad); }
 
 }  // namespace pptrain

@@ -38,161 +38,44 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
   return part;
 }
 
-// The executor's rules, step by step, on counts instead of buffers: sets come from a
-// chunk's pool (a released set whose sends are still leaving rejoins it when the chunk
-// next needs a set and the plan reuses it by then), the lent parts and boundary arrays
-// as GptModel lends them.
-ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
-                                 int stage, const std::vector<bool>& fused,
-                                 const std::vector<std::size_t>& reusable) {
-  using Key = std::pair<int, int>;
-  const std::size_t v = std::size_t(placement.chunks());
-  ActivationPeaks peak{std::vector<int>(v), std::vector<int>(v), std::vector<int>(v), 0};
-  std::vector<int> pooled(v), until_b(v), from_b(v);
-  int arrays = 0;  // boundary arrays lent to live or draining sets
-  std::set<Key> live, holds_until_b, weight_done, sent;
-  enum Array { Output, OutputGrad, InputGrad };
-  std::map<Key, std::array<bool, 3>> lent;  // the boundary arrays lent to each live set
-  std::map<Key, std::size_t> reused_from;  // sets with sends in the background
-  struct Draining {
-    int chunk;
-    std::size_t from;
-    int arrays;
-  };
-  std::vector<Draining> draining;
-  auto count = [](std::vector<int>& now, std::vector<int>& most, int c, int delta) {
-    now[size_t(c)] += delta;
-    most[size_t(c)] = std::max(most[size_t(c)], now[size_t(c)]);
-  };
-  auto acquire = [&](const Key& key, std::size_t step) {
-    if (!live.insert(key).second) return;
-    const int c = key.second;
-    if (pooled[size_t(c)] == 0)
-      for (auto d = draining.begin(); d != draining.end(); ++d)
-        if (d->chunk == c && d->from <= step) {  // PipelineExecutor::reuse_drained
-          arrays -= d->arrays;
-          ++pooled[size_t(c)];
-          draining.erase(d);
-          break;
-        }
-    if (pooled[size_t(c)] > 0)
-      --pooled[size_t(c)];
-    else
-      ++peak.sets[size_t(c)];
-  };
-  auto lend = [&](const Key& key, Array which) {
-    lent[key][which] = true;
-    peak.boundaries = std::max(peak.boundaries, ++arrays);
-  };
-  auto give_back = [&](const Key& key, Array which) {
-    if (std::exchange(lent[key][which], false)) --arrays;
-  };
-  auto release = [&](const Key& key) {
-    live.erase(key);
-    weight_done.erase(key);
-    sent.erase(key);
-    if (holds_until_b.erase(key)) count(until_b, peak.until_b, key.second, -1);
-    const auto from = reused_from.find(key);
-    if (from != reused_from.end()) {  // the sends may read the output and input_grad
-      give_back(key, OutputGrad);
-      if (placement.is_last(stage, key.second)) give_back(key, Output);
-      const std::array<bool, 3>& held = lent[key];
-      draining.push_back({key.second, from->second, int(held[Output]) + int(held[InputGrad])});
-      reused_from.erase(from);
-    } else {
-      for (Array a : {Output, OutputGrad, InputGrad}) give_back(key, a);
-      ++pooled[size_t(key.second)];
-    }
-    lent.erase(key);
-  };
-  auto gradient_sent = [&](const Key& key) {
-    sent.insert(key);
-    if (weight_done.count(key)) release(key);
-  };
-  // The chunk on this rank a message of `a` goes to, if it stays on the rank.
-  auto local_peer = [&](const Action& a) -> std::optional<Key> {
-    if (!is_local_send(placement, stage, a)) return std::nullopt;
-    return Key{a.microbatch, message_peer(placement, stage, a).chunk};
-  };
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const Step& step = steps[i];
-    if (step.kind == Step::Messages || step.kind == Step::PostSends) {  // as communicate()
-      for (const Action& a : step.actions) {
-        const Key key{a.microbatch, a.chunk};
-        acquire(key, i);
-        if (a.op == Op::RecvBackward) lend(key, OutputGrad);
-        if (step.kind == Step::PostSends && !reusable.empty()) {
-          std::size_t& from = reused_from[key];
-          from = std::max(from, reusable[i]);
-        }
-      }
-      for (const Action& a : step.actions)  // a sent output, done with its batch
-        if (step.kind == Step::Messages && a.op == Op::SendForward) give_back({a.microbatch, a.chunk}, Output);
-      for (const Action& a : step.actions)
-        if (a.op == Op::SendBackward) gradient_sent({a.microbatch, a.chunk});
-      continue;
-    }
-    const Action& a = step.actions[0];
-    const Key key{a.microbatch, a.chunk};
-    if (step.kind == Step::LocalCopy) {  // the pass already wrote into the other set
-      if (a.op == Op::SendBackward) gradient_sent(key);
-      continue;
-    }
-    const bool first = placement.is_first(stage, a.chunk), last = placement.is_last(stage, a.chunk);
-    acquire(key, i);
-    if (a.op == Op::Forward) {
-      const std::optional<Key> next = last ? std::nullopt : local_peer({Op::SendForward, a.microbatch, a.chunk});
-      if (next) acquire(*next, i);  // the output is written into its input
-      if (holds_until_b.insert(key).second) count(until_b, peak.until_b, a.chunk, 1);
-      if (!next) lend(key, Output);
-    }
-    if (a.op == Op::BackwardInput) {
-      const std::optional<Key> previous =
-          first ? std::nullopt : local_peer({Op::SendBackward, a.microbatch, a.chunk});
-      if (previous) lend(*previous, OutputGrad);  // written as this input gradient
-      count(from_b, peak.from_b, a.chunk, 1);
-      if (!previous) lend(key, InputGrad);
-      if (last) lend(key, OutputGrad);  // from the head
-      if (holds_until_b.erase(key)) count(until_b, peak.until_b, a.chunk, -1);
-      if (fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
-    }
-    if (a.op == Op::BackwardWeight) {
-      if (!fused[size_t(a.chunk)]) count(from_b, peak.from_b, a.chunk, -1);
-      weight_done.insert(key);
-      if (first || sent.count(key)) release(key);
-    }
-  }
-  return peak;
-}
-
-PipelineExecutor::PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
+PipelineExecutor::PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
                                    ScheduleKind kind, int stage, int micro_batches,
                                    int virtual_stages, MessageMode mode,
                                    const StageCosts& planned)
-    : model_(model),
-      world_(world),
-      pp_ranks_(std::move(pp_ranks)),
-      placement_(schedule_placement(kind, int(pp_ranks_.size()), virtual_stages)),
-      pp_(int(pp_ranks_.size())),
-      stage_(stage),
-      m_(micro_batches),
-      v_(virtual_stages),
-      pool_(size_t(virtual_stages)),
-      tokens_(size_t(model.batch()) * model.config().seq_len),
-      targets_(tokens_.size()) {
-  all_steps_ = build_all_steps(kind, pp_, micro_batches, virtual_stages, mode, planned);
+    : PipelineExecutor(model, world, pp_ranks,
+                       schedule_placement(kind, int(pp_ranks.size()), virtual_stages),
+                       build_all_steps(kind, int(pp_ranks.size()), micro_batches, virtual_stages,
+                                       mode, planned),
+                       stage, micro_batches, {}) {
   if (mode == MessageMode::AsyncSends)
     reusable_ = sends_waitable_from(all_steps_, placement_)[size_t(stage)];
 }
 
-GptModel::Activations& PipelineExecutor::acquire(const Key& key) {
+PipelineExecutor::PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
+                                   const Placement& placement, std::vector<std::vector<Step>> steps,
+                                   int stage, int micro_batches, std::vector<std::size_t> reusable)
+    : model_(model),
+      world_(world),
+      pp_ranks_(std::move(pp_ranks)),
+      placement_(placement),
+      all_steps_(std::move(steps)),
+      pp_(int(pp_ranks_.size())),
+      stage_(stage),
+      m_(micro_batches),
+      v_(placement.chunks()),
+      reusable_(std::move(reusable)),
+      pool_(size_t(v_)),
+      tokens_(model.micro_batch_tokens()),
+      targets_(tokens_.size()) {}
+
+StageModel::Set& PipelineExecutor::acquire(const Key& key) {
   auto it = live_.find(key);
   if (it != live_.end()) return *it->second;
   auto& pool = pool_[size_t(key.second)];
   if (pool.empty()) reuse_drained(key.second);
-  std::unique_ptr<GptModel::Activations> a;
+  std::unique_ptr<StageModel::Set> a;
   if (pool.empty()) {
-    a = model_.new_activations(key.second);
+    a = model_.new_set(key.second);
   } else {
     a = std::move(pool.back());
     pool.pop_back();
@@ -260,7 +143,7 @@ comm::Transfer PipelineExecutor::transfer(const Action& a) {
 
 // The boundary array a send or receive action moves.
 ops::Act* PipelineExecutor::boundary(const Action& a) {
-  GptModel::Activations& acts = acquire({a.microbatch, a.chunk});
+  StageModel::Set& acts = acquire({a.microbatch, a.chunk});
   switch (a.op) {
     case Op::RecvForward: return model_.input_buffer(acts);
     case Op::RecvBackward: return model_.output_grad(acts);
@@ -271,12 +154,12 @@ ops::Act* PipelineExecutor::boundary(const Action& a) {
 }
 
 // The set of the chunk on this rank that the message of `a` goes to, when it is local.
-GptModel::Activations* PipelineExecutor::local_peer(const Action& a) {
+StageModel::Set* PipelineExecutor::local_peer(const Action& a) {
   if (!is_local_send(placement_, stage_, a)) return nullptr;
   return &acquire({a.microbatch, message_peer(placement_, stage_, a).chunk});
 }
 
-void PipelineExecutor::to_pool(int chunk, std::unique_ptr<GptModel::Activations> acts) {
+void PipelineExecutor::to_pool(int chunk, std::unique_ptr<StageModel::Set> acts) {
   model_.release_boundaries(*acts);
   pool_[size_t(chunk)].push_back(std::move(acts));
 }
@@ -354,7 +237,7 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
   ops::Ops& ops = model_.backend();
   const auto& chunks = model_.partition().chunks;
   ChunkCompletion completion(chunks, m_, hooks.chunk_done);
-  const GptModel::LayerFn none;
+  const StageModel::LayerFn none;
   peak_activations_ = 0;
   started_ = Clock::now();
   first_mark_ = ops.mark();
@@ -368,17 +251,17 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
     } else if (step.kind == Step::LocalCopy) {
       sent(a);  // the pass wrote straight into the other set
     } else if (a.op == Op::Forward) {
-      GptModel::Activations& acts = acquire(key);
+      StageModel::Set& acts = acquire(key);
       if (!spec.last)
-        if (GptModel::Activations* next = local_peer({Op::SendForward, a.microbatch, a.chunk}))
+        if (StageModel::Set* next = local_peer({Op::SendForward, a.microbatch, a.chunk}))
           model_.output_into(acts, model_.input_buffer(*next));
       if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
       model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts), targets_.data(),
                      loss_scale, loss_total);
     } else if (a.op == Op::BackwardInput) {
-      GptModel::Activations& acts = acquire(key);
+      StageModel::Set& acts = acquire(key);
       if (!spec.first)
-        if (GptModel::Activations* previous = local_peer({Op::SendBackward, a.microbatch, a.chunk}))
+        if (StageModel::Set* previous = local_peer({Op::SendBackward, a.microbatch, a.chunk}))
           model_.input_grad_into(acts, model_.output_grad(*previous));
       model_.backward_input(a.chunk, acts, completion.last_input(a.chunk) ? hooks.layer_done : none);
     } else {
@@ -432,7 +315,7 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
     for (int c = 0; c < v_; ++c) {  // a rank's chunks come in virtual-stage order
       const ChunkSpec& spec = model_.partition().chunks[size_t(c)];
       const Key key{mb, c};
-      GptModel::Activations& acts = acquire(key);
+      StageModel::Set& acts = acquire(key);
       const Action receive{Op::RecvForward, mb, c}, send{Op::SendForward, mb, c};
       if (!spec.first && placement_.previous(stage_, c).stage != stage_) {
         world_.exchange({transfer(receive)});
@@ -443,13 +326,13 @@ double PipelineExecutor::evaluate(int count, const BatchFn& batch, std::vector<f
       }
       if (spec.first || spec.last) batch(mb, tokens_.data(), targets_.data());
       loss_sum += model_.forward(c, acts, tokens_.data(), model_.input_buffer(acts),
-                                 targets_.data(), 0.0f);
+                                 targets_.data(), 0.0f, nullptr);
       if (spec.last && losses_out) {
         const std::vector<float>& l = model_.position_losses(acts);
         losses_out->insert(losses_out->end(), l.begin(), l.end());
       }
       if (!spec.last) {
-        if (GptModel::Activations* next = local_peer(send))
+        if (StageModel::Set* next = local_peer(send))
           model_.backend().copy(model_.input_buffer(*next), model_.output(acts), model_.boundary_bytes());
         else
           world_.exchange({transfer(send)});

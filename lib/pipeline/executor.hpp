@@ -17,6 +17,7 @@
 
 #include "comm/comm.hpp"
 #include "model/gpt.hpp"
+#include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace pptrain {
@@ -30,23 +31,6 @@ std::vector<std::pair<int, int>> split_layers(int n_layer, int parts,
 ModelPartition pipeline_partition(const ModelConfig& model, const Placement& placement, int stage,
                                   int tp_size, int tp_rank,
                                   const std::vector<int>& layers_per_stage = {});
-
-// The most activation sets, and the most parts lent between F and B and between B and W,
-// one chunk holds at once while its rank runs `steps` (per chunk), and the most boundary
-// arrays the rank lends at once (any chunk's): what the executor and the model allocate,
-// by the executor's own rules run on counts. `fused[c]`: chunk c runs W inside B
-// (GptModel's fused backward). `reusable[i]`: the step from which the executor may reuse
-// a set whose sends it posted in step i (sends_waitable_from); a set released earlier
-// rejoins its pool, with its boundary arrays, when the rank next needs a set of that
-// chunk from then on. Empty: blocking batches, whose sends are complete when the set is
-// released.
-struct ActivationPeaks {
-  std::vector<int> sets, until_b, from_b;
-  int boundaries = 0;
-};
-ActivationPeaks activation_peaks(const std::vector<Step>& steps, const Placement& placement,
-                                 int stage, const std::vector<bool>& fused,
-                                 const std::vector<std::size_t>& reusable = {});
 
 // Times of one step's schedule, from the backend's marks (ops::Ops::mark): device time
 // on CUDA, host time on the CPU.
@@ -69,9 +53,14 @@ class PipelineExecutor {
   // `pp_ranks`: world ranks of this pipeline, by stage. `mode`: Grouped where sends hold
   // their stream until received (NCCL), AsyncSends where they complete in the
   // background (MPI).
-  PipelineExecutor(GptModel& model, comm::World& world, std::vector<int> pp_ranks,
+  PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
                    ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
                    MessageMode mode, const StageCosts& planned = {});
+  // The same with the steps built (this stage's in steps[stage]; the others may be
+  // empty) and, for AsyncSends steps, this stage's sends_waitable_from (else empty).
+  PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
+                   const Placement& placement, std::vector<std::vector<Step>> steps, int stage,
+                   int micro_batches, std::vector<std::size_t> reusable);
 
   // What a training step tells the gradient reduction; each may be empty.
   struct GradHooks {
@@ -102,30 +91,30 @@ class PipelineExecutor {
 
  private:
   using Key = std::pair<int, int>;  // (microbatch, chunk)
-  GptModel::Activations& acquire(const Key& key);
+  StageModel::Set& acquire(const Key& key);
   void release(const Key& key);
   // Moves a draining set of `chunk` that the plan reuses by this step to the pool (its
   // boundary arrays back to the model), waiting for its sends if they are still leaving
   // (one whose sends are done first); none if there is no such set.
   void reuse_drained(int chunk);
   void drain();         // waits for every send still leaving
-  void to_pool(int chunk, std::unique_ptr<GptModel::Activations> acts);
+  void to_pool(int chunk, std::unique_ptr<StageModel::Set> acts);
   // The set of the chunk on this rank that a's message goes to; null when it leaves the rank.
-  GptModel::Activations* local_peer(const Action& a);
+  StageModel::Set* local_peer(const Action& a);
   int tag(int microbatch, int chunk, bool backward) const;
   comm::Transfer transfer(const Action& a);  // the message_part() of boundary(a)
   ops::Act* boundary(const Action& a);
   void communicate(const Step& step);
   void sent(const Action& a);  // after a SendBackward: release the set if W has run
 
-  GptModel& model_;
+  StageModel& model_;
   comm::World& world_;
   std::vector<int> pp_ranks_;
   Placement placement_;
   std::vector<std::vector<Step>> all_steps_;  // every rank's, by stage
   const std::vector<Step>& steps() const { return all_steps_[size_t(stage_)]; }
   int pp_, stage_, m_, v_;
-  std::map<Key, std::unique_ptr<GptModel::Activations>> live_;
+  std::map<Key, std::unique_ptr<StageModel::Set>> live_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
   // AsyncSends: the step from which the plan reuses a set whose sends were posted in each
   // step (sends_waitable_from), the step being run, the sends of each live set and the
@@ -137,11 +126,11 @@ class PipelineExecutor {
   struct Draining {
     int chunk;
     std::size_t reusable_from;
-    std::unique_ptr<GptModel::Activations> acts;
+    std::unique_ptr<StageModel::Set> acts;
     std::vector<std::unique_ptr<comm::PendingOp>> sends;
   };
   std::vector<Draining> draining_;
-  std::vector<std::vector<std::unique_ptr<GptModel::Activations>>> pool_;  // per chunk
+  std::vector<std::vector<std::unique_ptr<StageModel::Set>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
   // The last train_step: the index of its first mark (one more after each step, and
   // one after the final drain), the host time it was taken, the most sets it held.

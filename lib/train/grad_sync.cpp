@@ -48,11 +48,6 @@ GradSync::GradSync(Session& s)
   host_stats_.get()[0] = host_stats_.get()[1] = 0.0;
 }
 
-void GradSync::start_step() {
-  for (auto& p : pending_) p.reset();
-  stats_.zero();
-}
-
 double GradSync::grad_norm() const { return std::sqrt(host_stats_.get()[1]); }
 
 PipelineExecutor::GradHooks GradSync::hooks() {
@@ -129,6 +124,8 @@ void GradSync::finish(double grad_clip) {
   s_.comms.dp_for_model()->all_reduce(stats, 2, comm::ReduceOp::Sum);
   ops.update_control(control_.f32(), stats, grad_clip);
   ops.download_async(host_stats_.get(), stats, 2 * sizeof(double));
+  stats_.zero();  // queued after the copy: the next step's sums start from 0
+  for (auto& p : pending_) p.reset();  // every reduction is waited for in the queue
 }
 
 void GradSync::sum_layer_norms_over_tp() {

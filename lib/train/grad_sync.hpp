@@ -29,9 +29,8 @@ class GradSync {
   // block of every bucket (in bucket order).
   const std::vector<AdamW::Range>& ranges() const { return owned_; }
 
-  // Starts a step: zeroes its statistics.
-  void start_step();
-  // Where the executor adds the step's micro-batch losses (backend memory, fp64).
+  // Where the executor adds the step's micro-batch losses (backend memory, fp64; zero
+  // at the start of every step).
   double* loss_total() { return static_cast<double*>(stats_.get()); }
   // What the executor calls during the step: with parallel.overlap each bucket's
   // reduction starts once its layer, or its chunk, is done; progress() lets started

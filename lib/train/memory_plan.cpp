@@ -5,6 +5,7 @@
 #include "model/activation_table.hpp"
 #include "model/param_layout.hpp"
 #include "ops/ops.hpp"
+#include "pipeline/activation_peaks.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/send_waits.hpp"
 #include "optim/adamw.hpp"

@@ -274,7 +274,6 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
       std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
     }
   };
-  sync_.start_step();
   s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(), sync_.hooks());
   const std::size_t comm_begin = ops.mark();
   sync_.finish(cfg_.train.grad_clip);

@@ -2,6 +2,7 @@
 // once, and with sets whose background sends make them reusable only later.
 #include <gtest/gtest.h>
 
+#include "pipeline/activation_peaks.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/send_waits.hpp"
 
