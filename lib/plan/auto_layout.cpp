@@ -104,7 +104,7 @@ Cluster local_machine(const Config& c, int launched_ranks, int ranks_per_host) {
 
 std::string describe_machine(const Cluster& m) {
   const std::string what = m.device.cpu ? "CPU rank(s)" : m.device.name;
-  return fmt::format("{}{} x {} ({:.1f} GiB each, {:.1f} GiB of it usable)",
+  return fmt::format("{}{} x {} ({:.2f} GiB each, {:.2f} GiB of it usable)",
                      m.nodes > 1 ? fmt::format("{} nodes x ", m.nodes) : std::string(),
                      m.gpus_per_node, what, m.device.memory_gib,
                      m.device.memory_gib - m.device.reserved_gib);
@@ -123,7 +123,7 @@ AutoLayout choose_layout(const Config& c, const Cluster& machine) {
       if (r.dropped.empty() && (!least || r.peak_memory_mib < least->peak_memory_mib)) least = &r;
     std::string closest = "no layout of this model and global batch can run on them";
     if (least) {
-      closest = fmt::format("the least any needs is {:.1f} GiB a rank: --set parallel.layout=manual",
+      closest = fmt::format("the least any needs is {:.2f} GiB a rank: --set parallel.layout=manual",
                             least->peak_memory_mib / 1024);
       for (const std::string& s : layout_sets(with_layout(c, *least))) closest += " --set " + s;
     }

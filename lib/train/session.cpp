@@ -1,6 +1,5 @@
 #include "train/session.hpp"
 
-
 #include <algorithm>
 
 #include "checkpoint/checkpoint.hpp"
@@ -12,6 +11,7 @@
 #include "pipeline/schedule.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/memory_check.hpp"
+#include "train/memory_plan.hpp"
 
 namespace pptrain {
 
@@ -24,11 +24,12 @@ bool runs_on_cuda(const Config& config) {
 }
 
 std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
-  if (!runs_on_cuda(config)) {
+  const BackendTraits traits = backend_traits(config, runs_on_cuda(config));  // the plan's too
+  if (!traits.device_memory) {
     if (config.train.precision == Precision::BF16)
       throw InputError(config.source_path +
                        ": train.precision: bf16 needs a CUDA device, and device: auto found none");
-    return ops::make_cpu_ops(config.train.threads, uses_fused_attention(config.train, false));
+    return ops::make_cpu_ops(config.train.threads, traits.logsumexp_attention);
   }
   const int gpus = visible_gpus(config);
   if (!ops::cuda_backend_built())
@@ -38,8 +39,7 @@ std::unique_ptr<ops::Ops> make_backend(const Config& config, int local_rank) {
   if (gpus == 0)
     throw InputError(config.source_path +
                      ": device: cuda, but no CUDA device is visible; use device: cpu or auto");
-  const DType dtype = config.train.precision == Precision::FP32 ? DType::F32 : DType::BF16;
-  return ops::make_cuda_ops(local_rank % gpus, dtype, uses_fused_attention(config.train, true));
+  return ops::make_cuda_ops(local_rank % gpus, traits.compute, traits.logsumexp_attention);
 }
 
 void check_schedule(const Config& c) {
