@@ -28,22 +28,19 @@ class ShardedByDpTest : public ShardedTest {
   std::string save_by_dp(int tp, int pp, int dp, int64_t step, uint64_t seed, RangesOf ranges_of) {
     const std::string tmp = create_temp_step_dir(dir_, step);
     std::vector<FileRecord> files;
-    for (int s = 0; s < pp; ++s)
-      for (int t = 0; t < tp; ++t) {
-        const ParamLayout layout = gpt_param_layout(model_, partition(model_, pp, s, tp, t));
-        Arenas a(layout);
-        fill_slices(layout, a, seed);
-        files.push_back(write_model_shard(tmp, t, s, layout, a.p.data()));
-        for (int d = 0; d < dp; ++d) {
-          const Ranges ranges = ranges_of(layout, d);
-          std::vector<float> m, v;  // packed range after range
-          for (const auto& [b, e] : ranges) {
-            m.insert(m.end(), a.m.data() + b, a.m.data() + e);
-            v.insert(v.end(), a.v.data() + b, a.v.data() + e);
-          }
-          files.push_back(write_optimizer_ranges(tmp, t, s, d, layout, ranges, m.data(), v.data()));
-        }
-      }
+    write_positions(tmp, tp, pp, seed, files,
+                    [&](int t, int s, const ParamLayout& layout, const Arenas& a) {
+                      for (int d = 0; d < dp; ++d) {
+                        const Ranges ranges = ranges_of(layout, d);
+                        std::vector<float> m, v;  // packed range after range
+                        for (const auto& [b, e] : ranges) {
+                          m.insert(m.end(), a.m.data() + b, a.m.data() + e);
+                          v.insert(v.end(), a.v.data() + b, a.v.data() + e);
+                        }
+                        files.push_back(
+                            write_optimizer_ranges(tmp, t, s, d, layout, ranges, m.data(), v.data()));
+                      }
+                    });
     return commit_step_dir(dir_, 0, files, {tp, pp, dp, true}, meta_at(step));
   }
   std::string save_by_dp(int tp, int pp, int dp, int64_t step, uint64_t seed) {

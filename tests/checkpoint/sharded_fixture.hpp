@@ -61,18 +61,28 @@ class ShardedTest : public CheckpointTest {
  protected:
   ModelConfig model_ = small_model();  // n_head 2: tp 1 or 2; 2 layers: pp 1 or 2
 
-  // Writes the shard files of a (tp, pp) run at `step` into the temp dir and commits.
-  std::string save_sharded(int tp, int pp, int64_t step, uint64_t seed, int keep = 0) {
-    const std::string tmp = create_temp_step_dir(dir_, step);
-    std::vector<FileRecord> files;
+  // Each (tp, pp) position's model file in `tmp`, then what write_optimizer(t, s, layout,
+  // arenas) adds to `files` for its optimizer state.
+  template <class WriteOptimizer>
+  void write_positions(const std::string& tmp, int tp, int pp, uint64_t seed,
+                       std::vector<FileRecord>& files, WriteOptimizer write_optimizer) {
     for (int s = 0; s < pp; ++s)
       for (int t = 0; t < tp; ++t) {
         const ParamLayout layout = gpt_param_layout(model_, partition(model_, pp, s, tp, t));
         Arenas a(layout);
         fill_slices(layout, a, seed);
         files.push_back(write_model_shard(tmp, t, s, layout, a.p.data()));
-        files.push_back(write_optimizer_shard(tmp, t, s, layout, a.m.data(), a.v.data()));
+        write_optimizer(t, s, layout, a);
       }
+  }
+  // Writes the shard files of a (tp, pp) run at `step` into the temp dir and commits.
+  std::string save_sharded(int tp, int pp, int64_t step, uint64_t seed, int keep = 0) {
+    const std::string tmp = create_temp_step_dir(dir_, step);
+    std::vector<FileRecord> files;
+    write_positions(tmp, tp, pp, seed, files,
+                    [&](int t, int s, const ParamLayout& layout, const Arenas& a) {
+                      files.push_back(write_optimizer_shard(tmp, t, s, layout, a.m.data(), a.v.data()));
+                    });
     CheckpointMeta meta = meta_at(step);
     meta.extra_files["config.json"] = hf_gpt2_config(model_);
     return commit_step_dir(dir_, keep, files, {tp, pp, 2}, meta);
