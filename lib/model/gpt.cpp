@@ -361,3 +361,13 @@ void GptModel::layer_backward_weight(int l, const LayerView& v) {
 }
 
 }  // namespace pptrain
+
+namespace pptrain {
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, int batch, ops::Ops& ops,
+                                  const ModelPartition& part, comm::Group* tp,
+                                  const ActivationPolicy& policy, Model::Master master) {
+  return std::make_unique<GptModel>(config, batch, ops, part, tp, policy, master);
+}
+
+}  // namespace pptrain

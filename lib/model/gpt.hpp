@@ -22,7 +22,7 @@
 #include "model/param_layout.hpp"
 #include "model/tp_regions.hpp"
 #include "ops/ops.hpp"
-#include "model/stage_model.hpp"
+#include "model/model.hpp"
 
 namespace pptrain {
 
@@ -30,13 +30,8 @@ namespace pptrain {
 // use, i.e. 72*L*C^2 + 6*C*Vp for the matmuls, plus 12*L*T*C for attention.
 double gpt_flops_per_token(const ModelConfig& model);
 
-class GptModel : public StageModel {
+class GptModel : public Model {
  public:
-  // Who holds the fp32 master weights: the model (its parameter arena, params()), or,
-  // under a distributed optimizer, the optimizer (sharded; the model then holds only its
-  // weight copy, in a compute dtype other than fp32).
-  enum class Master { InModel, InOptimizer };
-
   // One micro-batch's saved values for one chunk, between its forward and its
   // weight-gradient pass (the StageModel::Set of this model). Owned by the caller; the
   // model reads and writes it.
@@ -52,7 +47,7 @@ class GptModel : public StageModel {
   ~GptModel() override;
 
   const ModelConfig& config() const { return cfg_; }
-  const ParamLayout& layout() const { return layout_; }
+  const ParamLayout& layout() const override { return layout_; }
   const ModelPartition& partition() const override { return part_; }
   ops::Ops& backend() const override { return ops_; }
   int batch() const { return B_; }
@@ -66,15 +61,17 @@ class GptModel : public StageModel {
   // The fp32 master parameters (null when the optimizer holds them) and the fp32
   // gradients, in backend memory, laid out by layout(); weights() is the copy the forward
   // computes with, in the backend's compute dtype (the master itself when that is fp32).
-  float* params() { return params_.f32(); }
-  float* grads() { return grads_.f32(); }
-  ops::Act* weights() { return weights_.get() ? weights_.act() : ops::as_act(params_.f32()); }
-  bool has_weight_copy() const { return weights_.get() != nullptr; }
+  float* params() override { return params_.f32(); }
+  float* grads() override { return grads_.f32(); }
+  ops::Act* weights() override {
+    return weights_.get() ? weights_.act() : ops::as_act(params_.f32());
+  }
+  bool has_weight_copy() const override { return weights_.get() != nullptr; }
   // Host copies of the master parameters (layout().total_floats() floats). write_params
   // also refreshes weights(); without a master it sets weights() alone, staged through
   // the gradient arena (which it leaves zeroed). read_params needs the master.
-  void read_params(float* host) const;
-  void write_params(const float* host);
+  void read_params(float* host) const override;
+  void write_params(const float* host) override;
   // weights() = params() in the compute dtype (after an update of params()).
   void refresh_weights();
 
@@ -84,9 +81,9 @@ class GptModel : public StageModel {
   // initial_parameters writes every entry of a host arena of layout().total_floats()
   // floats (the padding between entries is left as it is); init_parameters sets the
   // model's (write_params, or in place).
-  void initial_parameters(uint64_t seed, float* host) const;
-  void init_parameters(uint64_t seed);
-  void zero_grads();
+  void initial_parameters(uint64_t seed, float* host) const override;
+  void init_parameters(uint64_t seed) override;
+  void zero_grads() override;
 
   // A chunk's set: its kept buffers. The buffers kept only until B, or only from B to W,
   // are lent from the model's spares while needed; release_parts returns them once W

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
-#include "model/gpt.hpp"
+#include "model/param_layout.hpp"
 #include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
 

@@ -147,7 +147,7 @@ void GradSync::sum_layer_norms_over_tp() {
 }
 
 void GradSync::update(AdamW& opt, float lr, int64_t t) {
-  GptModel& model = s_.model;
+  Model& model = s_.model;
   const float* control = control_.f32();
   float* params = model.params();  // null when the optimizer holds the master
   ops::Act* copy = model.has_weight_copy() ? model.weights() : nullptr;

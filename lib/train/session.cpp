@@ -121,12 +121,13 @@ Session::Session(const Config& config)
       rank(comms.world->rank()),
       coord(grid.coord(rank)),
       ops(make_rank_backend(config, grid, comms)),
-      model(config.model, config.parallel.micro_batch_size, *ops,
-            rank_partition(config, coord.pp, coord.tp),
-            comms.tp_for_model(), activation_policy(config),
-            optimizer_holds_master(config.parallel, ops->compute_dtype())
-                ? GptModel::Master::InOptimizer
-                : GptModel::Master::InModel),
+      owned_model(make_model(config.model, config.parallel.micro_batch_size, *ops,
+                             rank_partition(config, coord.pp, coord.tp), comms.tp_for_model(),
+                             activation_policy(config),
+                             optimizer_holds_master(config.parallel, ops->compute_dtype())
+                                 ? Model::Master::InOptimizer
+                                 : Model::Master::InModel)),
+      model(*owned_model),
       executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}
@@ -152,7 +153,7 @@ double share(Session& s, double value, bool contributes) {
 }
 
 double validation_loss(Session& s, const std::vector<int32_t>& tokens, int max_batches) {
-  const int B = s.model.batch(), T = s.cfg.model.seq_len;
+  const int B = s.cfg.parallel.micro_batch_size, T = s.cfg.model.seq_len;
   int64_t windows = validation_windows(tokens.size(), T);
   if (max_batches > 0) windows = std::min<int64_t>(windows, int64_t(max_batches) * B);
   PPTRAIN_CHECK(windows > 0, "validation data holds no whole window");

@@ -9,7 +9,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "core/error.hpp"
-#include "model/gpt.hpp"
+#include "model/model.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "topology/rank_grid.hpp"
@@ -62,7 +62,8 @@ struct Session {
   int rank;
   RankCoord coord;
   std::unique_ptr<ops::Ops> ops;
-  GptModel model;
+  std::unique_ptr<Model> owned_model;  // the config's architecture (make_model)
+  Model& model;
   PipelineExecutor executor;
 };
 

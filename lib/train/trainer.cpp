@@ -17,6 +17,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/error.hpp"
 #include "data/dataset.hpp"
+#include "model/gpt.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/simulator.hpp"
@@ -259,7 +260,7 @@ void RankTrainer::log_start() const {
 // norm and timings.
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto& par = cfg_.parallel;
-  const int M = par.micro_batches, B = s_.model.batch(), T = cfg_.model.seq_len;
+  const int M = par.micro_batches, B = par.micro_batch_size, T = cfg_.model.seq_len;
   ops::Ops& ops = *s_.ops;
   const std::int64_t waits_before = ops.host_waits() ? ops.host_waits()->count() : 0;
   const auto t0 = Clock::now();
