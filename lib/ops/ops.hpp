@@ -180,6 +180,31 @@ class Ops {
   // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).
   virtual void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) = 0;
 
+  // ---- Llama-family blocks (Hugging Face LlamaForCausalLM's conventions) ----
+  // RMSNorm: out[n,:] = inp[n,:] * rstd[n] * w, rstd = 1/sqrt(mean(inp[n,:]^2) + eps);
+  // saves rstd[N].
+  virtual void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
+                               float eps) = 0;
+  // dinp += d(out)/d(inp)^T dout.
+  virtual void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                                      const float* rstd, int N, int C) = 0;
+  // dw += sum_n dout * inp * rstd.
+  virtual void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp,
+                                       const float* rstd, int N, int C) = 0;
+  // SwiGLU: gate_up[N, 2F] holds the gate's F columns, then the up projection's;
+  // out[N, F] = silu(gate) * up.
+  virtual void swiglu_forward(Act* out, const Act* gate_up, int N, int F) = 0;
+  // dgate_up[N, 2F] = the gradients of gate and up from dout[N, F] (overwrites).
+  virtual void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
+                               int F) = 0;
+  // Rotary position embedding in place, the rotate-half form: row n of x (`stride`
+  // elements apart) is at position n % T; each of its first `heads` heads of `head_size`
+  // (even) elements has element i paired with i + head_size/2 and the pair rotated by
+  // the angle position * theta^(-2i/head_size) (fp32, as Hugging Face computes it).
+  // inverse: the opposite rotation, which is the backward.
+  virtual void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
+                    bool inverse) = 0;
+
   // ---- Attention ----
   // Bytes of the state attention_forward saves for its backward (the CPU saves the
   // [B,NH,T,T] probabilities; a fused kernel saves less).

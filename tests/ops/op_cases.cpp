@@ -289,6 +289,52 @@ std::vector<OpCase> make_cases() {
                  r.ops.layernorm_backward_weight(dw, db, r.act(r.randn(kN * kC, 4)), r.act(x),
                                                  r.f32(mean), r.f32(rstd), kN, kC);
                }});
+  // RMSNorm at Llama's eps; its rows' 1/rms for the backward, in double.
+  constexpr float kRmsEps = 1e-6f;
+  auto rms_stats = [](const std::vector<float>& x) {
+    std::vector<float> rstd(kN);
+    for (int n = 0; n < kN; ++n) {
+      double sq = 0;
+      for (int c = 0; c < kC; ++c) sq += std::pow(x[std::size_t(n) * kC + c], 2);
+      rstd[n] = float(1.0 / std::sqrt(sq / kC + kRmsEps));
+    }
+    return rstd;
+  };
+  t.push_back({"rmsnorm_forward", [](OpRun& r) {
+                 Act* out = r.act_out("out", kN * kC, kAct);
+                 float* rstd = r.f32_out("rstd", kN, kSum);
+                 r.ops.rmsnorm_forward(out, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
+                                       r.act(r.randn(kC, 2)), kN, kC, kRmsEps);
+               }});
+  t.push_back({"rmsnorm_backward_input", [=](OpRun& r) {
+                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                 Act* dinp = r.act_inout("dinp", r.randn(kN * kC, 5), {1e-5, 2e-2});
+                 r.ops.rmsnorm_backward_input(dinp, r.act(r.randn(kN * kC, 4)), r.act(x),
+                                              r.act(r.randn(kC, 2)), r.f32(rms_stats(x)), kN, kC);
+               }});
+  t.push_back({"rmsnorm_backward_weight", [=](OpRun& r) {
+                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                 float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
+                 r.ops.rmsnorm_backward_weight(dw, r.act(r.randn(kN * kC, 4)), r.act(x),
+                                               r.f32(rms_stats(x)), kN, kC);
+               }});
+  constexpr int kF = 37;  // SwiGLU's hidden columns: odd
+  t.push_back({"swiglu_forward", [](OpRun& r) {
+                 r.ops.swiglu_forward(r.act_out("out", kN * kF, kAct),
+                                      r.act(r.randn(kN * 2 * kF, 1, 3.0f)), kN, kF);
+               }});
+  t.push_back({"swiglu_backward", [](OpRun& r) {
+                 r.ops.swiglu_backward(r.act_out("dgate_up", kN * 2 * kF, kAct),
+                                       r.act(r.randn(kN * kF, 2)),
+                                       r.act(r.randn(kN * 2 * kF, 1, 3.0f)), kN, kF);
+               }});
+  // Rows of 3 rotated heads of 16 and 2 heads left as they are (v), positions up to 36.
+  for (bool inverse : {false, true})
+    t.push_back({inverse ? "rope_inverse" : "rope", [=](OpRun& r) {
+                   const int stride = 5 * 16;
+                   r.ops.rope(r.act_inout("x", r.randn(kN * stride, 1), kAct), kN, 37, stride, 3, 16,
+                              10000.0f, inverse);
+                 }});
   constexpr std::size_t kGelu = 5001;
   t.push_back({"gelu_forward", [](OpRun& r) {
                  r.ops.gelu_forward(r.act_out("out", kGelu, kAct), r.act(r.randn(kGelu, 1, 3.0f)),

@@ -117,6 +117,62 @@ TEST_F(OpsGradTest, LayerNorm) {
   expect_ok(check_gradient(b, db, loss, all_indices(C)), "layernorm db");
 }
 
+TEST_F(OpsGradTest, RmsNorm) {
+  const int N = 5, C = 12;
+  std::vector<float> x = randn(N * C, 130, 2.0f), w = randn(C, 131);
+  const std::vector<float> R = randn(N * C, 133);
+  std::vector<float> out(N * C), rstd(N);
+  auto loss = [&] {
+    ops->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+    return dot(out, R);
+  };
+  loss();
+  std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
+  ops->rmsnorm_backward_input(dx.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  ops->rmsnorm_backward_weight(dw.data(), R.data(), x.data(), rstd.data(), N, C);
+  expect_ok(check_gradient(x, dx, loss, all_indices(x.size())), "rmsnorm dinp");
+  expect_ok(check_gradient(w, dw, loss, all_indices(C)), "rmsnorm dw");
+}
+
+TEST_F(OpsGradTest, SwiGlu) {
+  const int N = 4, F = 9;
+  std::vector<float> gate_up = randn(N * 2 * F, 140, 3.0f);
+  const std::vector<float> R = randn(N * F, 141);
+  std::vector<float> out(N * F), dgate_up(N * 2 * F);
+  auto loss = [&] {
+    ops->swiglu_forward(out.data(), gate_up.data(), N, F);
+    return dot(out, R);
+  };
+  ops->swiglu_backward(dgate_up.data(), R.data(), gate_up.data(), N, F);
+  expect_ok(check_gradient(gate_up, dgate_up, loss, all_indices(gate_up.size())), "swiglu");
+}
+
+// The rotation's gradient is the inverse rotation of the output's gradient; the inverse
+// undoes the rotation; heads past `heads` and the pairs at position 0 are left alone.
+TEST_F(OpsGradTest, RotaryEmbedding) {
+  const int N = 6, T = 4, heads = 2, hs = 8, stride = 3 * hs;
+  std::vector<float> x = randn(N * stride, 150);
+  const std::vector<float> R = randn(N * stride, 151);
+  std::vector<float> out(x.size());
+  auto loss = [&] {
+    out = x;
+    ops->rope(out.data(), N, T, stride, heads, hs, 10000.0f, false);
+    return dot(out, R);
+  };
+  std::vector<float> dx = R;
+  ops->rope(dx.data(), N, T, stride, heads, hs, 10000.0f, true);
+  expect_ok(check_gradient(x, dx, loss, all_indices(x.size())), "rope");
+  loss();
+  std::vector<float> back = out;
+  ops->rope(back.data(), N, T, stride, heads, hs, 10000.0f, true);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-5) << i;
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < stride; ++c) {
+      const std::size_t i = std::size_t(n) * stride + c;
+      if (c >= heads * hs || n % T == 0) EXPECT_EQ(out[i], x[i]) << "row " << n << " column " << c;
+    }
+}
+
 TEST_F(OpsGradTest, Gelu) {
   const std::size_t n = 64;
   std::vector<float> x(n);

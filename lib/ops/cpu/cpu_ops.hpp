@@ -81,6 +81,33 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::layernorm_backward_weight, dw, db, in(dout, elems(N, C)), in(inp, elems(N, C)), mean,
         rstd, N, C);
   }
+  void rmsnorm_forward(Act* o, float* rstd, const Act* inp, const Act* w, int N, int C,
+                       float eps) override {
+    run(&Cpu::rmsnorm_forward, out(o, elems(N, C)), rstd, in(inp, elems(N, C)), in(w, elems(C)),
+        N, C, eps);
+  }
+  void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                              const float* rstd, int N, int C) override {
+    run(&Cpu::rmsnorm_backward_input, inout(dinp, elems(N, C)), in(dout, elems(N, C)),
+        in(inp, elems(N, C)), in(w, elems(C)), rstd, N, C);
+  }
+  void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp, const float* rstd,
+                               int N, int C) override {
+    run(&Cpu::rmsnorm_backward_weight, dw, in(dout, elems(N, C)), in(inp, elems(N, C)), rstd, N,
+        C);
+  }
+  void swiglu_forward(Act* o, const Act* gate_up, int N, int F) override {
+    run(&Cpu::swiglu_forward, out(o, elems(N, F)), in(gate_up, elems(N, 2 * F)), N, F);
+  }
+  void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
+                       int F) override {
+    run(&Cpu::swiglu_backward, out(dgate_up, elems(N, 2 * F)), in(dout, elems(N, F)),
+        in(gate_up, elems(N, 2 * F)), N, F);
+  }
+  void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
+            bool inverse) override {
+    run(&Cpu::rope, inout(x, elems(N, stride)), N, T, stride, heads, head_size, theta, inverse);
+  }
   void gelu_forward(Act* o, const Act* inp, std::size_t n) override {
     run(&Cpu::gelu_forward, out(o, n), in(inp, n), n);
   }
@@ -242,6 +269,16 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                                  const float* mean, const float* rstd, int N, int C);
   void gelu_forward(float* out, const float* inp, std::size_t n);
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n);
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps);
+  void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
+                              const float* rstd, int N, int C);
+  void rmsnorm_backward_weight(float* dw, const float* dout, const float* inp, const float* rstd,
+                               int N, int C);
+  void swiglu_forward(float* out, const float* gate_up, int N, int F);
+  void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up, int N, int F);
+  void rope(float* x, int N, int T, int stride, int heads, int head_size, float theta,
+            bool inverse);
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
   // The blocked (flash-style) form: `lse` [B,NH,T] is each row's log-sum-exp instead of
   // the probabilities (cpu_attention_blocked.cpp).

@@ -101,6 +101,17 @@ class CudaOps final : public Ops {
                                 const float* mean, const float* rstd, int N, int C) override;
   void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                  const float* mean, const float* rstd, int N, int C) override;
+  void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
+                       float eps) override;
+  void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                              const float* rstd, int N, int C) override;
+  void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp, const float* rstd,
+                               int N, int C) override;
+  void swiglu_forward(Act* out, const Act* gate_up, int N, int F) override;
+  void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
+                       int F) override;
+  void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
+            bool inverse) override;
   void gelu_forward(Act* out, const Act* inp, std::size_t n) override;
   void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
 

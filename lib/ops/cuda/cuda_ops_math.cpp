@@ -101,6 +101,39 @@ void CudaOps::layernorm_backward_weight(float* dw, float* db, const Act* dout, c
                mean, rstd, N, C, scratch);
 }
 
+void CudaOps::rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
+                              float eps) {
+  launch_typed([](auto... args) { cuda::rmsnorm_forward(args...); }, out, rstd, inp, w, N, C, eps);
+}
+
+void CudaOps::rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
+                                     const float* rstd, int N, int C) {
+  launch_typed([](auto... args) { cuda::rmsnorm_backward_input(args...); }, dinp, dout, inp, w,
+               rstd, N, C);
+}
+
+void CudaOps::rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp,
+                                      const float* rstd, int N, int C) {
+  auto* scratch = static_cast<float*>(
+      workspace(cuda::rmsnorm_backward_weight_scratch_floats(N, C) * sizeof(float)));
+  launch_typed([](auto... args) { cuda::rmsnorm_backward_weight(args...); }, dw, dout, inp, rstd,
+               N, C, scratch);
+}
+
+void CudaOps::swiglu_forward(Act* out, const Act* gate_up, int N, int F) {
+  launch_typed([](auto... args) { cuda::swiglu_forward(args...); }, out, gate_up, N, F);
+}
+
+void CudaOps::swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N, int F) {
+  launch_typed([](auto... args) { cuda::swiglu_backward(args...); }, dgate_up, dout, gate_up, N, F);
+}
+
+void CudaOps::rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
+                   bool inverse) {
+  launch_typed([](auto... args) { cuda::rope(args...); }, x, N, T, stride, heads, head_size, theta,
+               inverse);
+}
+
 void CudaOps::gelu_forward(Act* out, const Act* inp, std::size_t n) {
   launch_typed([](auto... args) { cuda::gelu_forward(args...); }, out, inp, n);
 }

@@ -46,6 +46,26 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
                                cudaStream_t s);
 std::size_t layernorm_backward_weight_scratch_floats(int N, int C);
 
+// ---- Llama-family blocks (llama.cu) ----
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* w, int N, int C, float eps,
+                     cudaStream_t s);
+template <typename T>
+void rmsnorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd,
+                            int N, int C, cudaStream_t s);
+// Deterministic column sums; `scratch` holds rmsnorm_backward_weight_scratch_floats(N, C)
+// floats of device memory.
+template <typename T>
+void rmsnorm_backward_weight(float* dw, const T* dout, const T* inp, const float* rstd, int N,
+                             int C, float* scratch, cudaStream_t s);
+std::size_t rmsnorm_backward_weight_scratch_floats(int N, int C);
+template <typename T> void swiglu_forward(T* out, const T* gate_up, int N, int F, cudaStream_t s);
+template <typename T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F, cudaStream_t s);
+template <typename T>
+void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta, bool inverse,
+          cudaStream_t s);
+
 // ---- embedding (embedding.cu) ----
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int vocab_begin,
