@@ -2,7 +2,7 @@
 """Tokenizes text files into llm.c token shards for pptrain (data.source: llmc).
 
     prepare_data.py INPUT... --out DIR --tokenizer gpt2|bytes|TOKENIZER_JSON
-                    [--val-fraction F] [--shard-tokens N] [--name NAME]
+                    [--gpt2-ranks FILE] [--val-fraction F] [--shard-tokens N] [--name NAME]
 
 Each INPUT is one document (a text file, read as UTF-8; bytes for --tokenizer bytes).
 Writes DIR/NAME_val_000000.bin ... and DIR/NAME_train_000000.bin ...: llm.c's format, a
@@ -14,9 +14,11 @@ DIR's name. Train on them with
     --set "data.val_path=DIR/NAME_val_*.bin" --set model.vocab_size=V
 with V the vocabulary size this script prints.
 
-Tokenizers: `gpt2` is tiktoken's GPT-2 BPE (pip install tiktoken; it downloads its
-vocabulary on first use), with <|endoftext|> (50256) before each document, as llm.c's
-scripts do; a path to a Hugging Face tokenizer.json uses the `tokenizers` library
+Tokenizers: `gpt2` is tiktoken's GPT-2 BPE (pip install tiktoken), with <|endoftext|>
+(50256) before each document, as llm.c's scripts do. tiktoken downloads its byte-pair
+ranks on first use; offline, --gpt2-ranks names a copy in tiktoken's format (base64
+token, rank; PyPI's openai-whisper source distribution ships one as
+whisper/assets/gpt2.tiktoken); a path to a Hugging Face tokenizer.json uses the `tokenizers` library
 (pip install tokenizers); `bytes` makes one token per byte (vocabulary 256).
 """
 import argparse
@@ -28,17 +30,41 @@ from array import array
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 
 
-def make_tokenizer(spec):
+# GPT-2's pre-tokenizer pattern and end-of-text token, as GPT-2's encoder.py defines them.
+GPT2_PATTERN = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+                r"""|\s+(?!\S)|\s+""")
+GPT2_END_OF_TEXT = 50256
+
+
+def gpt2_encoding(ranks_file):
+    """tiktoken's GPT-2 encoding: its own (downloaded once), or built from a ranks file."""
+    try:
+        import tiktoken
+        import tiktoken.load
+    except ImportError:
+        sys.exit("error: --tokenizer gpt2 needs tiktoken (pip install tiktoken)")
+    if not ranks_file:
+        return tiktoken.get_encoding("gpt2")
+    try:
+        ranks = tiktoken.load.load_tiktoken_bpe(ranks_file)
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: --gpt2-ranks {ranks_file}: not a tiktoken ranks file ({e})")
+    if len(ranks) != GPT2_END_OF_TEXT or sorted(ranks.values()) != list(range(GPT2_END_OF_TEXT)):
+        sys.exit(f"error: --gpt2-ranks {ranks_file}: holds {len(ranks)} ranks, not GPT-2's "
+                 f"{GPT2_END_OF_TEXT} (0 to {GPT2_END_OF_TEXT - 1})")
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": GPT2_END_OF_TEXT})
+
+
+def make_tokenizer(spec, gpt2_ranks=None):
     """(encode -> list of ids, vocabulary size, ids put before each document, whether
     encode takes the file's bytes rather than its text)."""
+    if gpt2_ranks and spec != "gpt2":
+        sys.exit("error: --gpt2-ranks is for --tokenizer gpt2")
     if spec == "bytes":
         return (lambda data: list(data)), 256, [], True
     if spec == "gpt2":
-        try:
-            import tiktoken
-        except ImportError:
-            sys.exit("error: --tokenizer gpt2 needs tiktoken (pip install tiktoken)")
-        enc = tiktoken.get_encoding("gpt2")
+        enc = gpt2_encoding(gpt2_ranks)
         eot = enc.eot_token
         return (lambda text: enc.encode_ordinary(text)), enc.n_vocab, [eot], False
     if not os.path.isfile(spec):
@@ -93,6 +119,8 @@ def main():
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="text files, one document each")
     ap.add_argument("--out", required=True, help="directory for the shards (created)")
     ap.add_argument("--tokenizer", required=True, help="gpt2, bytes, or a tokenizer.json path")
+    ap.add_argument("--gpt2-ranks", help="GPT-2's byte-pair ranks in tiktoken's format, for "
+                    "--tokenizer gpt2 offline (e.g. openai-whisper's whisper/assets/gpt2.tiktoken)")
     ap.add_argument("--val-fraction", type=float, default=0.1,
                     help="share of the tokens, taken first, for validation (default 0.1)")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000,
@@ -106,7 +134,7 @@ def main():
     for path in a.inputs:
         if not os.path.isfile(path):
             sys.exit(f"error: {path}: no such file")
-    encode, vocab, separator, raw = make_tokenizer(a.tokenizer)
+    encode, vocab, separator, raw = make_tokenizer(a.tokenizer, a.gpt2_ranks)
     if vocab > 65536:
         sys.exit(f"error: the tokenizer's vocabulary ({vocab}) does not fit llm.c's uint16 tokens")
     name = a.name or os.path.basename(os.path.normpath(a.out))

@@ -17,6 +17,26 @@ if torch_python=$(scripts/torch_env.sh build/torch-venv); then
 else
   echo "PyTorch/transformers unavailable: the export test checks with numpy only"
 fi
+# The offline GPT-2 tokenizer test (prepare_data.py --gpt2-ranks) needs tiktoken and
+# GPT-2's byte-pair ranks, which openai-whisper's source distribution ships; without them
+# it is skipped.
+python3 -c "import tiktoken" 2>/dev/null ||
+  python3 -m pip install --quiet tiktoken 2>/dev/null ||
+  python3 -m pip install --quiet --break-system-packages tiktoken 2>/dev/null || true
+ranks=build/gpt2.tiktoken
+if [[ ! -s $ranks ]]; then
+  mkdir -p build/whisper
+  if python3 -m pip download --quiet --no-deps --no-binary :all: openai-whisper==20250625 \
+      -d build/whisper 2>/dev/null; then
+    tar xzf build/whisper/openai_whisper-20250625.tar.gz -O \
+      openai_whisper-20250625/whisper/assets/gpt2.tiktoken >"$ranks.tmp" && mv "$ranks.tmp" "$ranks"
+  fi
+fi
+if [[ -s $ranks ]]; then
+  export PPTRAIN_GPT2_RANKS=$PWD/$ranks
+else
+  echo "GPT-2's byte-pair ranks unavailable: the offline GPT-2 tokenizer check will be skipped"
+fi
 # The tests also build pptrain-emulated, the CUDA path on the CPU emulator of the CUDA
 # runtime, cuBLASLt and NCCL (ctest -L emulated_gpu).
 scripts/setup.sh -DPPTRAIN_EMULATED_GPU=ON

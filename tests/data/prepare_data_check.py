@@ -5,6 +5,8 @@
     are llm.c's format and hold exactly the documents' bytes, val first.
   - tokenizer.json: a byte-level BPE trained here with the `tokenizers` library; the
     shards decode back to the documents' text.
+  - gpt2 from GPT-2's byte-pair ranks ($PPTRAIN_GPT2_RANKS, tiktoken's format): the
+    shards hold GPT-2's ids of two known sentences; a file of other ranks is refused.
   - pptrain trains on the byte shards named by globs (and says how many files it found),
     exports, and scripts/generate.py writes text with transformers' generate() from the
     export (with $PPTRAIN_TORCH_PYTHON).
@@ -99,6 +101,34 @@ def main():
               f"({len(ids)} tokens for {len(everything)} bytes; {r.stdout.splitlines()[0] if r.stdout else r.stderr[-300:]})")
     else:
         print("the tokenizers library is unavailable: skipping the tokenizer.json round trip")
+
+    # GPT-2's tokenizer offline, from a ranks file ($PPTRAIN_GPT2_RANKS): GPT-2's ids.
+    ranks = os.environ.get("PPTRAIN_GPT2_RANKS", "")
+    tik_python = python_with("tiktoken", [sys.executable, os.environ.get("PPTRAIN_TORCH_PYTHON")])
+    if tik_python and os.path.isfile(ranks):
+        texts = ["Hello, world!", "The quick brown fox jumps over the lazy dog."]
+        gpt2_docs = []
+        for i, text in enumerate(texts):
+            gpt2_docs.append(os.path.join(work, f"gpt2_{i}.txt"))
+            with open(gpt2_docs[-1], "w") as f:
+                f.write(text)
+        out_gpt2 = os.path.join(work, "gpt2")
+        r = run([tik_python, prepare] + gpt2_docs + ["--out", out_gpt2, "--tokenizer", "gpt2",
+                                                     "--gpt2-ranks", ranks, "--val-fraction", "0"])
+        want = [50256, 15496, 11, 995, 0,
+                50256, 464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13]
+        got = read_shards(os.path.join(out_gpt2, "gpt2_train_*.bin")) if r.returncode == 0 else []
+        check("gpt2 from a ranks file: GPT-2's ids", got == want and "vocabulary 50257" in r.stdout + r.stderr,
+              f"{got} {r.stdout[-300:]}{r.stderr[-300:]}")
+        short = os.path.join(work, "short.tiktoken")
+        with open(ranks) as src_file, open(short, "w") as dst:
+            dst.writelines(src_file.readlines()[:1000])
+        r = run([tik_python, prepare] + gpt2_docs + ["--out", out_gpt2, "--tokenizer", "gpt2",
+                                                     "--gpt2-ranks", short])
+        check("gpt2 from a short ranks file: refused", r.returncode != 0 and
+              "holds 1000 ranks, not GPT-2's 50256" in r.stderr, r.stderr[-300:])
+    else:
+        print("tiktoken or $PPTRAIN_GPT2_RANKS unavailable: skipping the GPT-2 tokenizer check")
 
     # Train on the shards (globs), export, generate.
     ckpt, hf = os.path.join(work, "ckpt"), os.path.join(work, "hf")
