@@ -75,7 +75,8 @@ Cluster local_machine(const Config& c, int launched_ranks, int ranks_per_host) {
     const int gpus = visible_gpus(c);
     if (gpus == 0)
       throw InputError(c.source_path + ": parallel.layout: auto plans for the GPUs the run "
-                                       "starts on, and device cuda sees none here");
+                                       "starts on, and device cuda sees none here (for other "
+                                       "machines: pptrain plan --cluster FILE)");
     const ops::CudaDeviceInfo gpu = ops::cuda_device_info(0);
     const double memory_gib = double(gpu.total_bytes) / kGiB;
     const std::string preset = preset_for(gpu.name, memory_gib);
