@@ -1,9 +1,10 @@
-// The GPT-2 model part one rank holds: parameters and gradients in flat arenas described
-// by the parameter layout table, one or more chunks (pipeline stages) of layers, and the
-// tensor-parallel shard of every layer (Megatron-style: column-parallel c_attn/c_fc,
-// row-parallel c_proj, vocab-parallel embedding and cross-entropy; the tp collectives are
-// the regions of tp_regions.hpp, with sequence parallelism optional). Forward keeps one micro-batch's activations in an Activations object, laid
-// out by the activation table (activation_table.hpp) under the run's recomputation and
+// The GPT-2 model part one rank holds (a Model, model.hpp): parameters and gradients in
+// flat arenas described by the parameter layout table, one or more chunks (pipeline
+// stages) of layers, and the tensor-parallel shard of every layer (Megatron-style:
+// column-parallel c_attn/c_fc, row-parallel c_proj, vocab-parallel embedding and
+// cross-entropy; the tp collectives are the regions of tp_regions.hpp, with sequence
+// parallelism optional). Forward keeps one micro-batch's activations in an Activations
+// object, laid out by the activation table (activation_table.hpp) under the run's recomputation and
 // sequence-parallel policy; backward is split into an input-gradient pass and a
 // weight-gradient pass, so pipeline schedules can run the second later. All arithmetic
 // and all memory go through ops::Ops: every array lives in the backend's memory (GPU
@@ -19,10 +20,10 @@
 #include "config/config.hpp"
 #include "core/dtype.hpp"
 #include "model/activation_table.hpp"
+#include "model/model.hpp"
 #include "model/param_layout.hpp"
 #include "model/tp_regions.hpp"
 #include "ops/ops.hpp"
-#include "model/model.hpp"
 
 namespace pptrain {
 
@@ -58,18 +59,15 @@ class GptModel : public Model {
   const ChunkActivationLayout& activation_layout(int chunk) const {
     return layouts_.at(std::size_t(chunk));
   }
-  // The fp32 master parameters (null when the optimizer holds them) and the fp32
-  // gradients, in backend memory, laid out by layout(); weights() is the copy the forward
-  // computes with, in the backend's compute dtype (the master itself when that is fp32).
+  // The arenas (model.hpp); weights() is the master itself when the compute dtype is fp32.
   float* params() override { return params_.f32(); }
   float* grads() override { return grads_.f32(); }
   ops::Act* weights() override {
     return weights_.get() ? weights_.act() : ops::as_act(params_.f32());
   }
   bool has_weight_copy() const override { return weights_.get() != nullptr; }
-  // Host copies of the master parameters (layout().total_floats() floats). write_params
-  // also refreshes weights(); without a master it sets weights() alone, staged through
-  // the gradient arena (which it leaves zeroed). read_params needs the master.
+  // Without a master, write_params stages the values through the gradient arena (which
+  // it leaves zeroed).
   void read_params(float* host) const override;
   void write_params(const float* host) override;
   // weights() = params() in the compute dtype (after an update of params()).
