@@ -336,6 +336,36 @@ inline std::size_t attention_state_bytes(bool saves_logsumexp, DType dtype, int 
   return saves_logsumexp ? rows * sizeof(float) : rows * std::size_t(T) * dtype_size(dtype);
 }
 
+// ---- What the CUDA backend holds besides the arrays it is asked for. The backend asks
+// for exactly these; the memory plan adds them up. ----
+// cuBLASLt's workspace, allocated with the backend.
+inline constexpr std::size_t kCudaGemmWorkspaceBytes = std::size_t(32) << 20;
+// The column sums (bias and norm weight gradients) sum chunks of this many rows; one sum
+// of [N, C] needs a float of scratch per chunk and column.
+inline constexpr int kCudaColumnSumRows = 64;
+inline std::size_t cuda_column_sum_floats(int N, int C) {
+  if (N <= 0 || C <= 0) return 0;
+  return std::size_t((N + kCudaColumnSumRows - 1) / kCudaColumnSumRows) * std::size_t(C);
+}
+// The head sizes the fused attention kernels take (given the shared memory they need).
+inline bool cuda_fused_attention_head_size(int hs) {
+  return hs == 16 || hs == 32 || hs == 64 || hs == 128;
+}
+// Scratch of the CUDA attention's forward or backward over B x T rows of NH heads of hs:
+// with the fused kernels (`fused`), the backward's row dots; else the heads split into
+// [B*NH, T, hs] arrays (q, k, v, y; the backward also dy, dq, dk, dv and the score
+// gradients [B*NH, T, T]), plus the probabilities when they are not the saved state
+// (`probabilities_in_scratch`: fused asked for, but not for this head size).
+inline std::size_t cuda_attention_scratch_bytes(bool backward, bool fused,
+                                                bool probabilities_in_scratch, DType dtype,
+                                                int B, int T, int NH, int hs) {
+  const std::size_t rows = std::size_t(B) * std::size_t(NH) * std::size_t(T);
+  if (fused) return backward ? (rows * sizeof(float) + 255) / 256 * 256 : 0;
+  const std::size_t n = rows * std::size_t(hs), tt = rows * std::size_t(T);
+  const std::size_t probs = probabilities_in_scratch ? tt : 0;
+  return (backward ? 7 * n + tt + probs : 4 * n + probs) * dtype_size(dtype);
+}
+
 // The fp32 CPU reference backend; GEMMs through OpenBLAS with `threads` threads
 // (0: all cores).
 // blocked_attention: causal attention in blocks (train.attention: fused), which saves

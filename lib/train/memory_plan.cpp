@@ -55,6 +55,25 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
   return plan;
 }
 
+// What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
+// and one scratch block as large as the largest any of the model's kernels asks for: the
+// bias and LayerNorm weight-gradient column sums, or attention's.
+double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
+  const ModelConfig& m = c.model;
+  const int tp = c.parallel.tp, B = c.parallel.micro_batch_size, T = m.seq_len, N = B * T;
+  const int rows_held = c.parallel.sequence_parallel ? N / tp : N;
+  const int C = m.d_model, heads = m.n_head / tp, hs = m.d_model / m.n_head;
+  std::size_t scratch = 4 * std::max(ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)),
+                                     2 * ops::cuda_column_sum_floats(rows_held, C));
+  const bool fused = be.logsumexp_attention && ops::cuda_fused_attention_head_size(hs);
+  const bool probabilities_in_scratch = be.logsumexp_attention && !fused;
+  for (bool backward : {false, true})
+    scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
+                                    backward, fused, probabilities_in_scratch, be.compute, B, T,
+                                    heads, hs));
+  return double(ops::kCudaGemmWorkspaceBytes + scratch);
+}
+
 RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTraits& be,
                        const PlannedSteps& plan) {
   const ModelConfig& m = c.model;
@@ -106,6 +125,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
     r.workspace = std::max(r.workspace, double(bytes[int(Lifetime::Workspace)]));
   }
   r.activations += double(peaks.boundaries) * double(layouts[0].part_bytes[int(Lifetime::Boundary)]);
+  if (be.device_memory) r.backend_scratch = cuda_backend_scratch(c, be);
   return r;
 }
 

@@ -28,13 +28,15 @@ struct RankMemory {
   double checkpoint_gather = 0;  // a sharded master: one bucket gathered at a time while saving
   double activations = 0;        // the sets and lent parts at their schedule peaks
   double workspace = 0;          // the model's shared activation workspace
+  // A CUDA backend's own: cuBLASLt's workspace and the most scratch a kernel asks for.
+  double backend_scratch = 0;
   // Bytes a parameter for its weights, gradients, weight copy and optimizer state.
   double state_bytes_per_parameter() const {
     return (weights + gradients + weight_copy + optimizer) / parameters;
   }
   double total() const {
     return weights + gradients + weight_copy + optimizer + checkpoint_gather + activations +
-           workspace;
+           workspace + backend_scratch;
   }
 };
 

@@ -45,7 +45,8 @@ std::string describe_plan_json(const Config& c, const std::vector<std::string>& 
         {"optimizer", to_mib(r.optimizer)},
         {"checkpoint_gather", to_mib(r.checkpoint_gather)},
         {"activations", to_mib(r.activations)},
-        {"workspace", to_mib(r.workspace)}}},
+        {"workspace", to_mib(r.workspace)},
+        {"backend_scratch", to_mib(r.backend_scratch)}}},
       {"state_bytes_per_parameter", r.state_bytes_per_parameter()},
       {"parameters", gpt_param_layout(c.model).hf_param_count()},
       {"tokens_per_step", tokens_per_step(c)},
@@ -106,7 +107,7 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
                                     : std::string()));
   line("peak memory", fmt::format("{} predicted on the heaviest rank (stage {}, tp rank {}): "
                                   "weights {}, gradients {}{}, optimizer state {}{}{}, "
-                                  "activations {}, workspace {}",
+                                  "activations {}, workspace {}{}",
                                   mib(r.total()), r.stage, r.tp_rank, mib(r.weights),
                                   mib(r.gradients),
                                   r.weight_copy > 0 ? ", bf16 copy " + mib(r.weight_copy) : "",
@@ -115,7 +116,11 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
                                   r.checkpoint_gather > 0
                                       ? ", gathered while saving " + mib(r.checkpoint_gather)
                                       : "",
-                                  mib(r.activations), mib(r.workspace)));
+                                  mib(r.activations), mib(r.workspace),
+                                  r.backend_scratch > 0
+                                      ? ", the backend's workspace and scratch " +
+                                            mib(r.backend_scratch)
+                                      : ""));
   line("batch", fmt::format("{} micro-batch(es) x {} sequence(s) x {} tokens = {} tokens per step",
                             p.micro_batches, p.micro_batch_size, m.seq_len, tokens));
   line("FLOPs", fmt::format("{:.4g} per token, {:.4g} per step ({} steps: {:.4g} in all)",

@@ -7,7 +7,8 @@ in fp32 and bf16, and compares every step's loss and gradient norm with the sing
 CPU run of the same global batch (pptrain, fp32): fp32 within 1e-5 relative, bf16
 within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
-the device exactly once (device_syncs: at its end, for its loss and norm). Then:
+the device exactly once (device_syncs: at its end, for its loss and norm), and the
+most memory any rank held is what check-config predicts, within 4 KiB. Then:
 - stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
   dropped in turn, makes a dp2 run wrong or fail for some stream seed;
 - overlap: dp2, (2,2,2) and two ZeRO-1 layouts with buckets smaller than a layer give
@@ -320,6 +321,30 @@ def check_memory_check(work, failures):
         failures.append("memory_check eval")
 
 
+def check_predicted_memory(work, names, failures):
+    """What check-config predicts for the heaviest rank equals the most any rank held
+    (peak_memory_mib: the backend's own count, cuBLASLt's workspace and the kernels'
+    scratch included), for the layouts run above: within 4 KiB, for the small buffers the
+    plan leaves out (the gradient sync's 24 bytes of statistics; in bf16 under tp a few
+    hundred bytes more)."""
+    for name in names:
+        tp, pp, dp, mb, extra = LAYOUTS[name]
+        for precision in PRECISIONS:
+            label = f"{name}_{precision}"
+            with open(os.path.join(work, label + ".jsonl")) as f:
+                measured = max(json.loads(line)["peak_memory_mib"] for line in f)
+            argv = [EMULATED, "check-config", "--json", "--config", CONFIG] + jobs.overrides(
+                settings(tp, pp, dp, mb, extra) + ["device=cuda", f"train.precision={precision}"])
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV)
+            predicted = json.loads(out.stdout)["predicted_peak_memory_mib"] if out.returncode == 0 else 0.0
+            off = (measured - predicted) * 2**20
+            ok = abs(off) <= 4096
+            print(f"{'memory ' + label:28} predicted {predicted:.3f} MiB, measured {measured:.3f} MiB "
+                  f"({off:+.0f} bytes) -> {'ok' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                failures.append("memory " + label)
+
+
 def check_auto_layout(work, failures, reference):
     """parallel.layout: auto with no layout key given: each machine's choice is logged
     once, with a world of that machine's size, and trains to the reference losses."""
@@ -361,6 +386,7 @@ def main():
     os.makedirs(work)
     failures = []
     reference = check_layouts(names, work, failures)
+    check_predicted_memory(work, names, failures)
     check_dropped_waits(work, failures, reference)
     check_overlap(work, failures)
     check_checkpoints(work, failures)
@@ -369,7 +395,7 @@ def main():
     check_auto_layout(work, failures, reference)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 16} passed, "
+    print(f"{2 * len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 16} passed, "
           "0 failed")
 
 

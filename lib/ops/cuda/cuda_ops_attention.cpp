@@ -75,8 +75,8 @@ void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, in
   const bool recompute = flash_active();
   const int BH = B * NH;
   const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y
-  const std::size_t tt = std::size_t(BH) * T * T;
-  auto* ws = static_cast<Act*>(workspace((4 * n + (recompute ? tt : 0)) * dtype_size(dtype_)));
+  auto* ws = static_cast<Act*>(
+      workspace(cuda_attention_scratch_bytes(false, false, recompute, dtype_, B, T, NH, hs)));
   Act* q = ws;
   Act* k = advance(q, n, dtype_);
   Act* v = advance(k, n, dtype_);
@@ -94,7 +94,7 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, con
   check_shape(B, T, C, NH);
   const int hs = C / NH;
   if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
-    void* ws = workspace(cuda::flash_attention_backward_workspace_bytes(B, T, NH));
+    void* ws = workspace(cuda_attention_scratch_bytes(true, true, false, dtype_, B, T, NH, hs));
     cuda::flash_attention_backward(typed<cuda::bf16>(dqkv), typed<cuda::bf16>(dout),
                                    typed<cuda::bf16>(qkv), typed<cuda::bf16>(out),
                                    static_cast<const float*>(state), ws, B, T, NH, hs, stream());
@@ -106,7 +106,7 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, con
   // q, k, v, then dy, dq, dk, dv ([BH,T,hs] each) and datt [BH,T,T]; then the
   // recomputed probabilities [BH,T,T].
   auto* ws = static_cast<Act*>(
-      workspace((7 * n + (recompute ? 2 * tt : tt)) * dtype_size(dtype_)));
+      workspace(cuda_attention_scratch_bytes(true, false, recompute, dtype_, B, T, NH, hs)));
   Act* q = ws;
   Act* k = advance(q, n, dtype_);
   Act* v = advance(k, n, dtype_);

@@ -148,9 +148,7 @@ void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s) {
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-std::size_t bias_backward_scratch_floats(int N, int C) {
-  return N > 0 && C > 0 ? static_cast<std::size_t>(column_sum_chunks(N)) * C : 0;
-}
+std::size_t bias_backward_scratch_floats(int N, int C) { return cuda_column_sum_floats(N, C); }
 
 template <typename T>
 void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cudaStream_t s) {

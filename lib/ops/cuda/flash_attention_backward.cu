@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH) {
-  return round256(std::size_t(B) * T * NH * sizeof(float));  // D, one float a row
+  return cuda_attention_scratch_bytes(true, true, false, DType::BF16, B, T, NH, 0);
 }
 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,

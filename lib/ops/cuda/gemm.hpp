@@ -18,6 +18,7 @@
 
 #include "core/dtype.hpp"
 #include "ops/cuda/cuda_raii.hpp"
+#include "ops/ops.hpp"
 
 namespace pptrain::ops::cuda {
 
@@ -75,7 +76,7 @@ class Gemm {
   std::size_t cache_size() const { return plans_.size(); }
   std::size_t workspace_bytes() const { return workspace_.bytes(); }
 
-  static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t(32) << 20;
+  static constexpr std::size_t kDefaultWorkspaceBytes = kCudaGemmWorkspaceBytes;  // ops.hpp
 
  private:
   struct Plan;

@@ -16,6 +16,7 @@
 
 #include "core/error.hpp"  // PPTRAIN_CHECK: the launchers' preconditions
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/ops.hpp"  // what the kernels ask for, as the memory plan counts it
 
 namespace pptrain::ops::cuda {
 
@@ -124,7 +125,7 @@ __device__ inline float block_max(float x, float* shared) {
 // Pass 1 (a kernel of the op) sums each chunk of kColumnSumRows consecutive rows per
 // column into scratch[chunk * C + c]; column_sum_finish then adds the chunks in
 // order to out[c]. The chunking depends only on N, so the order is fixed.
-inline constexpr int kColumnSumRows = 64;
+inline constexpr int kColumnSumRows = kCudaColumnSumRows;  // ops.hpp: the plan counts it
 inline int column_sum_chunks(int N) { return (N + kColumnSumRows - 1) / kColumnSumRows; }
 
 // out[c] += sum over chunks k of part[k * C + c].

@@ -177,7 +177,7 @@ void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, 
 }
 
 std::size_t layernorm_backward_weight_scratch_floats(int N, int C) {
-  return N > 0 && C > 0 ? 2 * static_cast<std::size_t>(column_sum_chunks(N)) * C : 0;
+  return 2 * cuda_column_sum_floats(N, C);  // weight and bias
 }
 
 template <typename T>

@@ -141,7 +141,7 @@ void rmsnorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, co
 }
 
 std::size_t rmsnorm_backward_weight_scratch_floats(int N, int C) {
-  return N > 0 && C > 0 ? static_cast<std::size_t>(column_sum_chunks(N)) * C : 0;
+  return cuda_column_sum_floats(N, C);
 }
 
 template <typename T>
