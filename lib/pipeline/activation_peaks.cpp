@@ -97,7 +97,6 @@ class CountingModel : public StageModel {
     ops::Act* address() { return reinterpret_cast<ops::Act*>(this); }
   };
   static Counted& counted(Set& set) { return static_cast<Counted&>(set); }
-  static Counted& counted(const Set& set) { return const_cast<Counted&>(static_cast<const Counted&>(set)); }
   static int index(Slot s) {
     switch (s) {
       case Slot::output: return kOutput;

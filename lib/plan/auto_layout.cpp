@@ -56,12 +56,8 @@ bool keeps_given(const Config& c, const PlanRow& r) {
 }
 
 Config with_layout(Config c, const PlanRow& r) {
-  ParallelConfig& p = c.parallel;
-  p.layout = LayoutChoice::Manual;
-  p.tp = r.tp, p.pp = r.pp, p.dp = r.dp, p.virtual_stages = r.virtual_stages;
-  p.micro_batch_size = r.micro_batch_size, p.micro_batches = r.micro_batches;
-  p.schedule = r.schedule, p.sequence_parallel = r.sequence_parallel, p.zero = r.zero;
-  c.train.recompute = r.recompute;
+  apply_layout(c, r);
+  c.parallel.layout = LayoutChoice::Manual;
   return c;
 }
 

@@ -27,17 +27,8 @@ std::vector<int> divisors(int n) {
 }
 
 Config with_row(Config c, const PlanRow& r, const Cluster& cluster) {
+  apply_layout(c, r);
   auto& p = c.parallel;
-  p.tp = r.tp;
-  p.pp = r.pp;
-  p.dp = r.dp;
-  p.virtual_stages = r.virtual_stages;
-  p.micro_batch_size = r.micro_batch_size;
-  p.micro_batches = r.micro_batches;
-  p.schedule = r.schedule;
-  p.sequence_parallel = r.sequence_parallel;
-  p.zero = r.zero;
-  c.train.recompute = r.recompute;
   c.device = cluster.device.cpu ? Device::Cpu : Device::Cuda;
   if (!cluster.device.cpu && c.train.precision == Precision::Auto) c.train.precision = Precision::BF16;
   if (p.layers_per_stage.automatic && r.pp * r.virtual_stages <= c.model.n_layer)
@@ -140,6 +131,20 @@ std::vector<PlanRow> best_that_fit(const Config& base, const Cluster& cluster,
 }
 
 }  // namespace
+
+void apply_layout(Config& c, const PlanRow& r) {
+  auto& p = c.parallel;
+  p.tp = r.tp;
+  p.pp = r.pp;
+  p.dp = r.dp;
+  p.virtual_stages = r.virtual_stages;
+  p.micro_batch_size = r.micro_batch_size;
+  p.micro_batches = r.micro_batches;
+  p.schedule = r.schedule;
+  p.sequence_parallel = r.sequence_parallel;
+  p.zero = r.zero;
+  c.train.recompute = r.recompute;
+}
 
 std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
                                   const PlanOptions& options) {

@@ -34,6 +34,10 @@ struct PlanOptions {
   std::function<bool(const PlanRow&)> accept;
 };
 
+// Sets the row's layout in `config`: tp, pp, dp, virtual stages, micro-batch size and
+// count, schedule, sequence parallelism, ZeRO and train.recompute.
+void apply_layout(Config& config, const PlanRow& row);
+
 // Rows ranked: layouts that fit by predicted tokens/s, then (with `all`) those that do
 // not, then the dropped ones with their reason. With `top`, the first `top` rows are
 // those of the full search, found without predicting layouts that cannot be among them.

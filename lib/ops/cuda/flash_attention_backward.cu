@@ -20,8 +20,6 @@ using namespace flash;
 
 namespace {
 
-constexpr std::size_t round256(std::size_t n) { return (n + 255) / 256 * 256; }
-
 // dot[(b*NH+h)*T+t] = dout[b,t,h,:] . o[b,t,h,:]; one warp per (b, t, h).
 __global__ void row_dot_kernel(float* dot, const bf16* __restrict__ dout, const bf16* __restrict__ o,
                                int T, int NH, int D, int rows) {
