@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generates text from a model `pptrain export` wrote, with transformers' generate().
+"""Generates text from a model `pptrain export` wrote (GPT-2 or Llama), with
+transformers' generate().
 
     generate.py HF_DIR --tokenizer gpt2|bytes|TOKENIZER_JSON [--prompt TEXT]
                 [--max-new-tokens N] [--temperature T] [--seed S]
@@ -12,7 +13,7 @@ import argparse
 import sys
 
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def codec(spec):
@@ -38,12 +39,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     encode, decode = codec(a.tokenizer)
-    model = GPT2LMHeadModel.from_pretrained(a.model).eval()
+    model = AutoModelForCausalLM.from_pretrained(a.model).eval()  # GPT-2 or Llama
     ids = encode(a.prompt) or [0]
-    # The context is n_positions tokens: generation stops there.
-    room = model.config.n_positions - len(ids)
+    # The context is the trained sequence length: generation stops there.
+    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    room = context - len(ids)
     if room <= 0:
-        sys.exit(f"error: the prompt ({len(ids)} tokens) fills the model's {model.config.n_positions}-token context")
+        sys.exit(f"error: the prompt ({len(ids)} tokens) fills the model's {context}-token context")
     torch.manual_seed(a.seed)
     sample = a.temperature > 0
     with torch.no_grad():

@@ -109,7 +109,7 @@ int calibrate_cluster(const std::string& out, const pptrain::comm::LaunchInfo& l
 // `signals` was installed first thing, so that a stop requested during start-up is
 // honoured rather than killing the process.
 int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
-  CLI::App app{"pptrain: trains GPT-2-style transformers with tensor, pipeline and data "
+  CLI::App app{"pptrain: trains GPT-2 and Llama transformers with tensor, pipeline and data "
                "parallelism.\nWithout a command, trains: pptrain --config configs/tiny.yaml"};
   app.require_subcommand(0, 1);
   Options opts;
@@ -123,7 +123,7 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
       "topology", "Print the rank grid: rank -> (tp, dp, pp) and every communication group");
   for (CLI::App* cmd : {train_cmd, check_cmd, eval_cmd, topo_cmd}) add_config_options(*cmd, opts);
   CLI::App* export_cmd = app.add_subcommand(
-      "export", "Write a Hugging Face GPT-2 directory (model.safetensors, config.json) from a "
+      "export", "Write a Hugging Face GPT-2 or Llama directory (model.safetensors, config.json) from a "
                 "checkpoint of any layout; one process, no MPI");
   std::string export_checkpoint, export_out;
   export_cmd->add_option("--checkpoint", export_checkpoint,

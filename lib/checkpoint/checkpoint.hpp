@@ -50,7 +50,7 @@ std::string save_checkpoint(const std::string& dir, int keep, const ParamLayout&
 std::string resolve_resume(const std::string& dir, const std::string& resume);
 
 // Loads a step dir of either format into `layout`, any part (pipeline chunks, tensor-
-// parallel shard) of the model whose every tensor `whole` lists (gpt_param_layout of the
+// parallel shard) of the model whose every tensor `whole` lists (param_layout of the
 // model): the stored tensors must be exactly `whole`'s, of its global shapes. Each entry
 // is assembled in its global form from the stored pieces that hold it (their recorded
 // slicing) and this layout's slice is taken; padding (vocab rows beyond hf_shape) is
@@ -65,9 +65,9 @@ CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& whole
 CheckpointMeta load_checkpoint(const std::string& path, const ParamLayout& layout, float* params,
                                float* exp_avg, float* exp_avg_sq);
 
-// Hugging Face GPT-2 config.json text for `model` (saved as an extra file of each
-// checkpoint so transformers can load the step dir).
-std::string hf_gpt2_config(const ModelConfig& model);
+// Hugging Face config.json text for `model` (GPT2LMHeadModel's or LlamaForCausalLM's;
+// saved as an extra file of each checkpoint so transformers can load the step dir).
+std::string hf_config(const ModelConfig& model);
 
 // True when `dir` holds any step_* checkpoint directory.
 bool has_checkpoints(const std::string& dir);

@@ -1,4 +1,4 @@
-// Export to a Hugging Face GPT-2 directory: the whole model's tensors, each assembled
+// Export to a Hugging Face directory (GPT-2 or Llama): the whole model's tensors, each assembled
 // from a checkpoint's pieces and streamed to model.safetensors.
 #include "checkpoint/export_hf.hpp"
 
@@ -56,7 +56,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out_di
   summary.step = ck.meta.step;
   const ModelConfig model =
       parse_config(ck.meta.config_yaml, summary.step_dir + "/meta.json").model;
-  const ParamLayout whole = gpt_param_layout(model);
+  const ParamLayout whole = param_layout(model);
   match_model(ck, kModel, whole, {""});
 
   std::vector<TensorSpec> specs;
@@ -77,7 +77,7 @@ ExportSummary export_hf(const std::string& checkpoint, const std::string& out_di
           assemble_global(ck, pieces[i], global.data());
           return global.data();
         });
-    write_file_atomic((tmp / "config.json").string(), hf_gpt2_config(model));
+    write_file_atomic((tmp / "config.json").string(), hf_config(model));
     fsync_dir(tmp.string());
     if (fs::exists(out, ec)) fs::remove(out);  // empty (checked above)
     fs::rename(tmp, out);

@@ -26,6 +26,7 @@ enum class DataSource { Synthetic, Text, Llmc, NanoGpt };
 enum class LogLevel { Debug, Info, Warn, Error };
 enum class Device { Cpu, Auto, Cuda };
 enum class LayoutChoice { Manual, Auto };
+enum class Arch { Gpt2, Llama };
 
 template <class E>
 struct ChoiceNames;  // specialised below: static constexpr std::string_view names[]
@@ -72,6 +73,10 @@ struct ChoiceNames<LogLevel> {
 template <>
 struct ChoiceNames<LayoutChoice> {
   static constexpr std::string_view names[] = {"manual", "auto"};
+};
+template <>
+struct ChoiceNames<Arch> {
+  static constexpr std::string_view names[] = {"gpt2", "llama"};
 };
 template <>
 struct ChoiceNames<Device> {

@@ -26,9 +26,13 @@ namespace config_detail {
 
 std::span<const Field> fields() {
   static const Field table[] = {
+      PPTRAIN_FIELD(model, arch),
       PPTRAIN_FIELD(model, n_layer),        PPTRAIN_FIELD(model, n_head),
-      PPTRAIN_FIELD(model, d_model),        PPTRAIN_FIELD(model, seq_len),
-      PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(parallel, layout),
+      PPTRAIN_FIELD(model, n_kv_head),
+      PPTRAIN_FIELD(model, d_model),        PPTRAIN_FIELD(model, ffn_hidden),
+      PPTRAIN_FIELD(model, seq_len),
+      PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(model, rope_theta),
+      PPTRAIN_FIELD(model, norm_eps),       PPTRAIN_FIELD(model, tie_embeddings),     PPTRAIN_FIELD(parallel, layout),
       PPTRAIN_FIELD(parallel, tp),
       PPTRAIN_FIELD(parallel, pp),          PPTRAIN_FIELD(parallel, dp),
       PPTRAIN_FIELD(parallel, micro_batches), PPTRAIN_FIELD(parallel, micro_batch_size),
@@ -289,6 +293,14 @@ void apply_override(YAML::Node& root, const Override& o, const Origins& origins)
   node[o.path.back()] = o.value;
 }
 
+// The keys whose default depends on the model: n_kv_head and ffn_hidden when 0 (left
+// out), tie_embeddings when left out (llama's is false).
+void resolve_arch_defaults(ModelConfig& m, const Origins& origins) {
+  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+  if (m.ffn_hidden == 0) m.ffn_hidden = default_ffn_hidden(m.arch, m.d_model);
+  if (!origins.value_line.count("model.tie_embeddings")) m.tie_embeddings = m.arch == Arch::Gpt2;
+}
+
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& source_name,
@@ -305,6 +317,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
     origins.override_keys.push_back(key);
   }
   Config config = decode(root, origins);
+  resolve_arch_defaults(config.model, origins);
   validate(config, origins);
   config.source_path = source_name;
   for (const auto& [key, line] : origins.value_line) config.given_keys.insert(key);

@@ -2,7 +2,9 @@
 // loader that applies `--set key=value` overrides and validates every key.
 // This header includes no MPI, CUDA or NCCL: it builds and tests anywhere.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -12,13 +14,34 @@
 
 namespace pptrain {
 
+// The model's shape. n_kv_head and ffn_hidden 0 mean their default (kv_heads,
+// ffn_width); a loaded config holds the resolved values, and tie_embeddings left out of
+// a file is the arch's default (false for llama).
 struct ModelConfig {
   int n_layer = 2;
   int n_head = 2;
   int d_model = 64;
   int seq_len = 32;
   int vocab_size = 256;  // real vocabulary; padded internally to a multiple of 128
+  Arch arch = Arch::Gpt2;
+  int n_kv_head = 0;     // key/value heads (grouped-query attention); 0: n_head
+  int ffn_hidden = 0;    // the MLP's hidden width; 0: the arch's default
+  double rope_theta = 10000.0;  // llama: the rotary embedding's base
+  double norm_eps = 1e-5;       // the norms' epsilon (GPT-2's LayerNorm: 1e-5 only)
+  bool tie_embeddings = true;   // the output head is the token embedding
 };
+
+inline int kv_heads(const ModelConfig& m) { return m.n_kv_head > 0 ? m.n_kv_head : m.n_head; }
+// gpt2: 4 d_model. llama: 8/3 d_model rounded up to a multiple of 256 (Meta's rule).
+// (Before validation d_model may be anything: the result saturates.)
+inline int default_ffn_hidden(Arch arch, int d_model) {
+  const long long f = arch == Arch::Gpt2 ? 4LL * d_model : ((8LL * d_model + 2) / 3 + 255) / 256 * 256;
+  return int(std::clamp<long long>(f, 0, std::numeric_limits<int>::max()));
+}
+inline int ffn_width(const ModelConfig& m) {
+  return m.ffn_hidden > 0 ? m.ffn_hidden : default_ffn_hidden(m.arch, m.d_model);
+}
+inline int head_size(const ModelConfig& m) { return m.d_model / m.n_head; }
 
 // parallel.layers_per_stage: the layers of each virtual stage (empty: an even split), or
 // `auto`: balanced by the planner's cost model when the run starts (then `counts` holds

@@ -19,7 +19,7 @@ namespace pptrain::config_detail {
 using FieldRef = std::variant<bool*, int*, uint64_t*, double*, std::string*, std::vector<int>*,
                               std::vector<double>*, std::vector<std::string>*, LayerSplit*, ScheduleKind*, MessageModeChoice*,
                               Precision*, Attention*, Recompute*, OnNonfinite*, MemoryCheck*, LrSchedule*,
-                              DataSource*, LogLevel*, Device*, LayoutChoice*>;
+                              DataSource*, LogLevel*, Device*, LayoutChoice*, Arch*>;
 
 // One known key. `section` is empty for top-level scalars (only `device`).
 struct Field {

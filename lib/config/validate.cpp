@@ -69,6 +69,36 @@ void validate_model(const ModelConfig& m, const Rules& r) {
                                 std::to_string(m.n_head) + ")");
   r.in_range("model.seq_len", m.seq_len, 1, kMaxSeqLen);
   r.in_range("model.vocab_size", m.vocab_size, 2, kMaxVocab);
+  r.in_range("model.n_kv_head", m.n_kv_head, 1, m.n_head);
+  if (m.n_head % m.n_kv_head != 0)
+    r.fail("model.n_kv_head", "must divide model.n_head (got n_kv_head=" +
+                                  std::to_string(m.n_kv_head) + ", n_head=" +
+                                  std::to_string(m.n_head) + ")");
+  r.in_range("model.ffn_hidden", m.ffn_hidden, 1, 4 * kMaxWidth);
+  r.positive("model.rope_theta", m.rope_theta);
+  r.positive("model.norm_eps", m.norm_eps);
+}
+
+// What each architecture can be: GPT-2's block is fixed; a llama head must rotate in pairs.
+void validate_arch(const ModelConfig& m, const Rules& r, const Origins& origins) {
+  const auto given = [&](const char* key) { return origins.value_line.count(key) > 0; };
+  if (m.arch == Arch::Gpt2) {
+    const char* only = "applies to model.arch: llama only";
+    if (m.n_kv_head != m.n_head)
+      r.fail("model.n_kv_head", "must equal model.n_head for model.arch: gpt2 (grouped-query "
+                                "attention is model.arch: llama)");
+    if (m.ffn_hidden != 4 * m.d_model)
+      r.fail("model.ffn_hidden", "must be 4 * model.d_model = " + std::to_string(4 * m.d_model) +
+                                     " for model.arch: gpt2 (got " + std::to_string(m.ffn_hidden) + ")");
+    if (!m.tie_embeddings)
+      r.fail("model.tie_embeddings", "must be true for model.arch: gpt2 (its head is wte)");
+    if (m.norm_eps != 1e-5) r.fail("model.norm_eps", "must be 1e-05 for model.arch: gpt2");
+    if (given("model.rope_theta")) r.fail("model.rope_theta", only);
+    return;
+  }
+  if (head_size(m) % 2 != 0)
+    r.fail("model.d_model", "d_model / n_head must be even for the rotary embedding (got " +
+                                std::to_string(head_size(m)) + ")");
 }
 
 void validate_parallel(const ParallelConfig& p, const Rules& r) {
@@ -95,6 +125,12 @@ void validate_layout(const Config& c, const Rules& r) {
   if (c.model.n_head % p.tp != 0)
     r.fail("parallel.tp", "must divide model.n_head (got tp=" + std::to_string(p.tp) +
                               ", n_head=" + std::to_string(c.model.n_head) + ")");
+  if (c.model.n_kv_head % p.tp != 0)
+    r.fail("parallel.tp", "must divide model.n_kv_head (got tp=" + std::to_string(p.tp) +
+                              ", n_kv_head=" + std::to_string(c.model.n_kv_head) + ")");
+  if (c.model.ffn_hidden % p.tp != 0)
+    r.fail("parallel.tp", "must divide model.ffn_hidden (got tp=" + std::to_string(p.tp) +
+                              ", ffn_hidden=" + std::to_string(c.model.ffn_hidden) + ")");
   const int parts = p.pp * p.virtual_stages;
   const bool listed = !p.layers_per_stage.automatic && !p.layers_per_stage.empty();
   if (!chosen_later && !listed && parts > c.model.n_layer)
@@ -196,6 +232,7 @@ void validate_logging(const LoggingConfig& l, const Rules& r) {
 void validate(const Config& config, const Origins& origins) {
   Rules rules(origins);
   validate_model(config.model, rules);
+  validate_arch(config.model, rules, origins);
   validate_parallel(config.parallel, rules);
   validate_layout(config, rules);
   validate_train(config.train, rules);

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "model/param_layout.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -23,7 +25,7 @@ const char* lifetime_name(Lifetime life) {
 namespace {
 // How a row of the table is sized: rows (N = batch * seq_len tokens, N/tp when sequence
 // sharded under SP) times a width in elements of a type.
-enum class Width { C, Cl, Cl3, Cl4, Vrows, One, Two, AttentionState };
+enum class Width { C, Cl, Qkv, Fc, FcAct, GatedAct, Vrows, One, Mean, Two, AttentionState };
 enum class Elem { Act, F32, I32 };
 
 struct Row {
@@ -39,26 +41,27 @@ const Row kRows[] = {
   // slot                     name              shape                 by      B      W      seq-sharded
   {{Slot::x,              "x",              "N x C",              "F",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::ln1,            "ln1",            "N x C",              "F",    false, true,  true }, Width::C,   Elem::Act, false, false},
-  {{Slot::ln1_mean,       "ln1_mean",       "N fp32",             "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
+  {{Slot::ln1_mean,       "ln1_mean",       "N fp32",             "F",    true,  true,  true }, Width::Mean, Elem::F32, false, false},
   {{Slot::ln1_rstd,       "ln1_rstd",       "N fp32",             "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
   {{Slot::ln1_gathered,   "ln1_gathered",   "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
-  {{Slot::qkv,            "qkv",            "N x 3C/t",           "F",    true,  false, false}, Width::Cl3, Elem::Act, false, false},
+  {{Slot::qkv,            "qkv",            "N x 3C/t",           "F",    true,  false, false}, Width::Qkv, Elem::Act, false, false},
   {{Slot::att_state,      "att_state",      "softmax state",      "F",    true,  false, false}, Width::AttentionState, Elem::Act, false, false},
   {{Slot::atty,           "atty",           "N x C/t",            "F",    true,  true,  false}, Width::Cl,  Elem::Act, false, false},
   {{Slot::partial,        "partial",        "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
   {{Slot::res2,           "res2",           "N x C",              "F",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::ln2,            "ln2",            "N x C",              "F",    false, true,  true }, Width::C,   Elem::Act, false, false},
-  {{Slot::ln2_mean,       "ln2_mean",       "N fp32",             "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
+  {{Slot::ln2_mean,       "ln2_mean",       "N fp32",             "F",    true,  true,  true }, Width::Mean, Elem::F32, false, false},
   {{Slot::ln2_rstd,       "ln2_rstd",       "N fp32",             "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
   {{Slot::ln2_gathered,   "ln2_gathered",   "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
-  {{Slot::fch,            "fch",            "N x 4C/t",           "F",    true,  false, false}, Width::Cl4, Elem::Act, false, false},
-  {{Slot::fch_gelu,       "fch_gelu",       "N x 4C/t",           "F",    false, true,  false}, Width::Cl4, Elem::Act, false, false},
+  {{Slot::fch,            "fch",            "N x 4C/t",           "F",    true,  false, false}, Width::Fc, Elem::Act, false, false},
+  {{Slot::fch_gelu,       "fch_gelu",       "N x 4C/t",           "F",    false, true,  false}, Width::FcAct, Elem::Act, false, false},
   {{Slot::dout_gathered,  "dout_gathered",  "N x C (SP)",         "B",    true,  true,  false}, Width::C,   Elem::Act, true,  false},
   {{Slot::dres2,          "dres2",          "N x C",              "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::dres2_gathered, "dres2_gathered", "N x C (SP)",         "B",    true,  true,  false}, Width::C,   Elem::Act, true,  false},
-  {{Slot::dfch,           "dfch",           "N x 4C/t",           "B",    false, true,  false}, Width::Cl4, Elem::Act, false, false},
+  {{Slot::dfch_act,       "dfch_act",       "N x F/t (gated)",    "B",    true,  false, false}, Width::GatedAct, Elem::Act, false, false},
+  {{Slot::dfch,           "dfch",           "N x 4C/t",           "B",    false, true,  false}, Width::Fc, Elem::Act, false, false},
   {{Slot::dln2,           "dln2",           "N x C",              "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
-  {{Slot::dqkv,           "dqkv",           "N x 3C/t",           "B",    false, true,  false}, Width::Cl3, Elem::Act, false, false},
+  {{Slot::dqkv,           "dqkv",           "N x 3C/t",           "B",    false, true,  false}, Width::Qkv, Elem::Act, false, false},
   {{Slot::dln1,           "dln1",           "N x C",              "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::dx,             "dx",             "N x C (layers > 0)", "B",    true,  true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::recomputed_out, "recomputed_out", "N x C (full)",       "B",    false, false, true }, Width::C,   Elem::Act, false, true },
@@ -69,7 +72,7 @@ const Row kRows[] = {
   {{Slot::input_grad,     "input_grad",     "N x C",              "B",    false, true,  true }, Width::C,   Elem::Act, false, false},
   {{Slot::sp_scratch,     "sp_scratch",     "N x C (SP)",         "F",    false, false, false}, Width::C,   Elem::Act, true,  false},
   {{Slot::lnf,            "lnf",            "N x C (last)",       "F",    false, true,  false}, Width::C,   Elem::Act, false, false},
-  {{Slot::lnf_mean,       "lnf_mean",       "N fp32 (last)",      "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
+  {{Slot::lnf_mean,       "lnf_mean",       "N fp32 (last)",      "F",    true,  true,  true }, Width::Mean, Elem::F32, false, false},
   {{Slot::lnf_rstd,       "lnf_rstd",       "N fp32 (last)",      "F",    true,  true,  true }, Width::One, Elem::F32, false, false},
   {{Slot::logits,         "logits",         "N x Vp/t (last)",    "F",    true,  true,  false}, Width::Vrows, Elem::Act, false, false},
   {{Slot::losses,         "losses",         "N fp32 (last)",      "F",    false, false, false}, Width::One, Elem::F32, false, false},
@@ -92,7 +95,7 @@ bool head_slot(Slot s) { return int(s) >= int(Slot::lnf); }
 // per model.
 bool scratch(Slot s) {
   switch (s) {
-    case Slot::ln1_gathered: case Slot::ln2_gathered: case Slot::partial:
+    case Slot::ln1_gathered: case Slot::ln2_gathered: case Slot::partial: case Slot::dfch_act:
     case Slot::recomputed_out: case Slot::sp_scratch: case Slot::targets:
     case Slot::losses: case Slot::ce_max: case Slot::ce_stats:
       return true;
@@ -113,6 +116,39 @@ const std::vector<ActivationEntry>& activation_entries() {
 
 const ActivationEntry& activation_entry(Slot slot) { return row(slot).entry; }
 
+ActivationShape model_activation_shape(const ModelConfig& m, int batch, int tp,
+                                       std::size_t act_bytes) {
+  ActivationShape s;
+  s.batch = batch;
+  s.seq_len = m.seq_len;
+  s.d_model = m.d_model;
+  s.heads = m.n_head / tp;
+  s.kv_heads = kv_heads(m) / tp;
+  s.ffn = ffn_width(m);
+  s.gated = s.norm_mean = false;
+  if (m.arch == Arch::Gpt2) s.norm_mean = true;
+  else s.gated = true;
+  s.tp = tp;
+  s.vocab_rows = vocab_rows_per_shard(m, tp);
+  s.act_bytes = act_bytes;
+  return s;
+}
+
+namespace {
+// A row's size in words for `shape`: GPT-2's as the table says it, a llama block's
+// (grouped k/v, gate|up) rewritten.
+std::string shape_text(const ActivationEntry& e, const ActivationShape& shape) {
+  std::string text = e.shape;
+  if (!shape.gated) return text;
+  const auto swap = [&](const std::string& from, const std::string& to) {
+    if (auto at = text.find(from); at != std::string::npos) text.replace(at, from.size(), to);
+  };
+  swap("3C/t", "(C+2Ckv)/t");
+  swap("4C/t", e.slot == Slot::fch_gelu ? "F/t" : "2F/t");
+  return text;
+}
+}  // namespace
+
 std::size_t slot_bytes(Slot slot, const ActivationShape& s, const ActivationPolicy& policy,
                        bool first_chunk, bool last_chunk) {
   const Row& r = row(slot);
@@ -124,14 +160,20 @@ std::size_t slot_bytes(Slot slot, const ActivationShape& s, const ActivationPoli
   std::size_t rows = std::size_t(s.batch) * s.seq_len;
   if (r.entry.sequence_sharded && policy.sequence_parallel) rows /= std::size_t(s.tp);
   const std::size_t C = std::size_t(s.d_model), Cl = C / std::size_t(s.tp);
+  const std::size_t hs = Cl / std::size_t(s.heads);
+  const std::size_t kv = std::size_t(s.kv_heads > 0 ? s.kv_heads : s.heads);
+  const std::size_t F = (s.ffn > 0 ? std::size_t(s.ffn) : 4 * C) / std::size_t(s.tp);
   std::size_t width = 1;
   switch (r.width) {
     case Width::C: width = C; break;
     case Width::Cl: width = Cl; break;
-    case Width::Cl3: width = 3 * Cl; break;
-    case Width::Cl4: width = 4 * Cl; break;
+    case Width::Qkv: width = Cl + 2 * kv * hs; break;
+    case Width::Fc: width = s.gated ? 2 * F : F; break;
+    case Width::FcAct: width = F; break;
+    case Width::GatedAct: width = s.gated ? F : 0; break;
     case Width::Vrows: width = std::size_t(s.vocab_rows); break;
     case Width::One: width = 1; break;
+    case Width::Mean: width = s.norm_mean ? 1 : 0; break;
     case Width::Two: width = 2; break;
     case Width::AttentionState: break;
   }
@@ -219,7 +261,7 @@ std::string describe_activation_table(const ActivationShape& shape, const Activa
     const std::string read = std::string(e.read_by_b ? "B" : "") + (e.read_by_w ? "W" : "");
     const Recompute mode = is_layer_slot(e.slot) ? policy.mode_of(0) : Recompute::None;
     // Under SP a sharded buffer holds N/t rows: "N x C" reads "N/t x C".
-    std::string size = e.shape;
+    std::string size = shape_text(e, shape);
     if (policy.sequence_parallel && e.sequence_sharded) size.insert(1, "/t");
     out += fmt::format("  {:<18}{:<20}{:<7}{:<6}{:>14}  {}\n", e.name, size, e.written_by,
                        read.empty() ? "-" : read, bytes, lifetime_name(slot_lifetime(e.slot, mode, policy)));

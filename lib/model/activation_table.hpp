@@ -51,8 +51,8 @@ const char* lifetime_name(Lifetime life);
 enum class Slot {
   // per layer
   x, ln1, ln1_mean, ln1_rstd, ln1_gathered, qkv, att_state, atty, partial, res2, ln2, ln2_mean,
-  ln2_rstd, ln2_gathered, fch, fch_gelu, dout_gathered, dres2, dres2_gathered, dfch, dln2, dqkv,
-  dln1, dx, recomputed_out,
+  ln2_rstd, ln2_gathered, fch, fch_gelu, dout_gathered, dres2, dres2_gathered, dfch_act, dfch,
+  dln2, dqkv, dln1, dx, recomputed_out,
   // per chunk
   tokens, targets, output, output_grad, input_grad, sp_scratch,
   // last chunk
@@ -64,19 +64,28 @@ constexpr int kLayerSlots = int(Slot::tokens);
 inline bool is_layer_slot(Slot s) { return int(s) < kLayerSlots; }
 
 // Sizes the table is evaluated at: one micro-batch of one rank's tensor-parallel shard.
+// The defaults of kv_heads, ffn, gated and norm_mean are GPT-2's block.
 struct ActivationShape {
   int batch = 1, seq_len = 1, d_model = 1, heads = 1;  // heads: this shard's
+  int kv_heads = 0;                   // this shard's key/value heads; 0: heads
+  int ffn = 0;                        // the MLP's hidden width (all shards); 0: 4 d_model
+  bool gated = false;                 // the MLP's first product is gate|up (SwiGLU)
+  bool norm_mean = true;              // the norms keep each row's mean (LayerNorm)
   int tp = 1;
   int vocab_rows = 1;                 // this shard's rows of the padded vocabulary
   std::size_t act_bytes = 4;          // element size of the compute dtype
   std::size_t attention_state_bytes = 0;  // the backend's, for [batch, seq_len, heads]
 };
+// The shape of `model`'s block at micro-batch `batch`, tensor parallelism `tp` and
+// activations of `act_bytes`; attention_state_bytes is the backend's to fill in.
+ActivationShape model_activation_shape(const ModelConfig& model, int batch, int tp,
+                                       std::size_t act_bytes);
 
 // One row of the table.
 struct ActivationEntry {
   Slot slot;
   const char* name;
-  const char* shape;          // its size, in words: "N x 3C/t"
+  const char* shape;          // its size, in words: "N x 3C/t" (GPT-2's block)
   const char* written_by;     // "F", "B", "recv"
   bool read_by_b, read_by_w;
   bool sequence_sharded;      // rows split over tp under sequence parallelism

@@ -1,7 +1,7 @@
 // What training needs of the model part a rank holds, beyond what the pipeline drives
 // (stage_model.hpp): the parameter and gradient arenas, laid out by the parameter layout
 // table, and their initialisation. The session, gradient reduction, optimizer and
-// checkpoints talk to this; make_model builds the architecture's (GPT-2, gpt.hpp).
+// checkpoints talk to this; make_model builds the config arch's (gpt.hpp, llama.hpp).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -20,7 +20,7 @@ std::size_t product(const std::vector<int64_t>& shape) {
 std::size_t ParamEntry::hf_numel() const { return product(hf_shape); }
 
 ParamEntry& ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
-                             std::vector<int64_t> hf_shape) {
+                             std::vector<int64_t> hf_shape, bool packed) {
   constexpr std::size_t kAlignFloats = kArenaAlignment / sizeof(float);
   ParamEntry e;
   e.name = name;
@@ -28,10 +28,15 @@ ParamEntry& ParamLayout::add(const std::string& name, std::vector<int64_t> shape
   e.shape = std::move(shape);
   e.numel = product(e.shape);
   e.decay = decay;
-  e.offset = (total_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  e.offset = packed ? total_ : (total_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   total_ = e.offset + e.numel;
   entries_.push_back(std::move(e));
   return entries_.back();
+}
+
+void ParamLayout::begin_group(int chunk, int layer) {
+  constexpr std::size_t kAlignFloats = kArenaAlignment / sizeof(float);
+  groups_.push_back({chunk, layer, (total_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats});
 }
 
 void ParamLayout::pad_to(std::size_t floats) {
@@ -68,60 +73,136 @@ int vocab_rows_per_shard(const ModelConfig& m, int tp_size) {
   return padded_vocab(m, 128 * tp_size) / tp_size;
 }
 
-ParamLayout gpt_param_layout(const ModelConfig& m, const ModelPartition& part) {
-  const int tp = part.tp_size, r = part.tp_rank;
-  PPTRAIN_CHECK(tp >= 1 && m.n_head % tp == 0, "tp must divide n_head");
-  const int64_t C = m.d_model, V = m.vocab_size, T = m.seq_len, Cl = C / tp;
-  ParamLayout layout;
-  // Shorthands: a replicated tensor, a tensor split along `dim` into `groups` groups.
-  auto whole = [&](const std::string& name, std::vector<int64_t> shape, bool decay) {
-    layout.add(name, std::move(shape), decay);
-  };
-  auto split = [&](const std::string& name, std::vector<int64_t> local,
-                   std::vector<int64_t> global, int dim, int groups, bool decay) {
-    ParamEntry& e = layout.add(name, std::move(local), decay, std::move(global));
-    e.split_dim = tp > 1 ? dim : -1;
+std::string layer_prefix(Arch arch, int layer) {
+  return (arch == Arch::Gpt2 ? "transformer.h." : "model.layers.") + std::to_string(layer) + ".";
+}
+
+const std::string& embedding_name(Arch arch) {
+  static const std::string gpt = "transformer.wte.weight", llama = "model.embed_tokens.weight";
+  return arch == Arch::Gpt2 ? gpt : llama;
+}
+
+double flops_per_token(const ModelConfig& m) {
+  const double L = m.n_layer, C = m.d_model, T = m.seq_len, Vp = padded_vocab(m);
+  const double Ckv = double(kv_heads(m)) * head_size(m), F = ffn_width(m);
+  const double attention = C * (C + 2 * Ckv) + C * C;   // q|k|v and the output projection
+  const double mlp = (m.arch == Arch::Llama ? 3 : 2) * C * F;
+  return 6.0 * (L * (attention + mlp) + C * Vp) + 12.0 * L * T * C;
+}
+
+namespace {
+
+// Adds the tensors of one arch to a layout for the shard `part` holds; groups and the
+// ZeRO group padding are the caller's.
+class LayoutBuilder {
+ public:
+  LayoutBuilder(ParamLayout& layout, const ModelConfig& m, const ModelPartition& part)
+      : layout_(layout), m_(m), part_(part), tp_(part.tp_size) {}
+
+  // A replicated tensor.
+  ParamEntry& whole(const std::string& name, std::vector<int64_t> shape, bool decay) {
+    return layout_.add(name, std::move(shape), decay);
+  }
+  // A tensor whose global shape is `global`, split along `dim` into `groups` groups.
+  ParamEntry& split(const std::string& name, std::vector<int64_t> global, int dim, int groups,
+                    bool decay, bool packed = false) {
+    std::vector<int64_t> local = global;
+    local[std::size_t(dim)] /= tp_;
+    ParamEntry& e = layout_.add(name, std::move(local), decay, std::move(global), packed);
+    e.split_dim = tp_ > 1 ? dim : -1;
     e.split_groups = groups;
-    e.shard = r;
-    e.num_shards = tp;
-  };
-  auto norm = [&](const std::string& name) {
-    layout.add(name + ".weight", {C}, false).layer_norm = true;
-    layout.add(name + ".bias", {C}, false).layer_norm = true;
-  };
-  auto add_wte = [&](bool copy) {
-    ParamEntry& e = layout.add("transformer.wte.weight", {vocab_rows_per_shard(m, tp), C}, true,
-                               {V, C});
-    e.split_dim = 0;  // vocab-parallel; with tp == 1 only the padding is "outside"
-    e.shard = r;
-    e.num_shards = tp;
+    e.shard = part_.tp_rank;
+    e.num_shards = tp_;
+    return e;
+  }
+  ParamEntry& norm(const std::string& name) {
+    ParamEntry& e = whole(name, {m_.d_model}, false);
+    e.layer_norm = true;
+    return e;
+  }
+  // A vocab-parallel table [V, C] (with tp == 1 only the padding rows are "outside").
+  ParamEntry& vocab(const std::string& name, bool copy) {
+    ParamEntry& e = layout_.add(name, {vocab_rows_per_shard(m_, tp_), m_.d_model}, true,
+                                {m_.vocab_size, m_.d_model});
+    e.split_dim = 0;
+    e.shard = part_.tp_rank;
+    e.num_shards = tp_;
     e.tied_copy = copy;
-  };
-  const auto end_group = [&] { layout.pad_to(part.group_floats); };
-  for (const ChunkSpec& c : part.chunks) {
-    if (c.first) {
-      add_wte(false);
-      whole("transformer.wpe.weight", {T, C}, true);
-      end_group();
+    return e;
+  }
+
+ private:
+  ParamLayout& layout_;
+  const ModelConfig& m_;
+  const ModelPartition& part_;
+  int tp_;
+};
+
+void add_gpt_layer(LayoutBuilder& b, const ModelConfig& m, const std::string& h) {
+  const int64_t C = m.d_model;
+  b.norm(h + "ln_1.weight");
+  b.norm(h + "ln_1.bias");
+  b.split(h + "attn.c_attn.weight", {C, 3 * C}, 1, 3, true);  // column-parallel: q|k|v
+  b.split(h + "attn.c_attn.bias", {3 * C}, 0, 3, false);
+  b.split(h + "attn.c_proj.weight", {C, C}, 0, 1, true);  // row-parallel
+  b.whole(h + "attn.c_proj.bias", {C}, false);
+  b.norm(h + "ln_2.weight");
+  b.norm(h + "ln_2.bias");
+  b.split(h + "mlp.c_fc.weight", {C, 4 * C}, 1, 1, true);  // column
+  b.split(h + "mlp.c_fc.bias", {4 * C}, 0, 1, false);
+  b.split(h + "mlp.c_proj.weight", {4 * C, C}, 0, 1, true);  // row
+  b.whole(h + "mlp.c_proj.bias", {C}, false);
+}
+
+// q, k and v packed (one product makes q|k|v), and gate, up packed (gate|up).
+void add_llama_layer(LayoutBuilder& b, const ModelConfig& m, const std::string& h) {
+  const int64_t C = m.d_model, Ckv = int64_t(kv_heads(m)) * head_size(m), F = ffn_width(m);
+  b.norm(h + "input_layernorm.weight");
+  b.split(h + "self_attn.q_proj.weight", {C, C}, 0, 1, true);  // column: query heads
+  b.split(h + "self_attn.k_proj.weight", {Ckv, C}, 0, 1, true, true);  // key/value heads
+  b.split(h + "self_attn.v_proj.weight", {Ckv, C}, 0, 1, true, true);
+  b.split(h + "self_attn.o_proj.weight", {C, C}, 1, 1, true);  // row: its input columns
+  b.norm(h + "post_attention_layernorm.weight");
+  b.split(h + "mlp.gate_proj.weight", {F, C}, 0, 1, true);  // column
+  b.split(h + "mlp.up_proj.weight", {F, C}, 0, 1, true, true);
+  b.split(h + "mlp.down_proj.weight", {C, F}, 1, 1, true);  // row
+}
+
+}  // namespace
+
+ParamLayout param_layout(const ModelConfig& m, const ModelPartition& part) {
+  const int tp = part.tp_size;
+  PPTRAIN_CHECK(tp >= 1 && m.n_head % tp == 0 && kv_heads(m) % tp == 0 && ffn_width(m) % tp == 0,
+                "tp must divide n_head, n_kv_head and ffn_hidden");
+  const bool gpt = m.arch == Arch::Gpt2;
+  ParamLayout layout;
+  LayoutBuilder b(layout, m, part);
+  const std::string& embedding = embedding_name(m.arch);
+  for (int c = 0; c < int(part.chunks.size()); ++c) {
+    const ChunkSpec& spec = part.chunks[std::size_t(c)];
+    if (spec.first) {
+      layout.begin_group(c, -1);
+      b.vocab(embedding, false);
+      if (gpt) b.whole("transformer.wpe.weight", {m.seq_len, m.d_model}, true);
+      layout.pad_to(part.group_floats);
     }
-    for (int l = c.layer_begin; l < c.layer_end; ++l) {
-      const std::string h = "transformer.h." + std::to_string(l) + ".";
-      norm(h + "ln_1");
-      split(h + "attn.c_attn.weight", {C, 3 * Cl}, {C, 3 * C}, 1, 3, true);  // column: q|k|v
-      split(h + "attn.c_attn.bias", {3 * Cl}, {3 * C}, 0, 3, false);
-      split(h + "attn.c_proj.weight", {Cl, C}, {C, C}, 0, 1, true);  // row-parallel
-      whole(h + "attn.c_proj.bias", {C}, false);
-      norm(h + "ln_2");
-      split(h + "mlp.c_fc.weight", {C, 4 * Cl}, {C, 4 * C}, 1, 1, true);  // column
-      split(h + "mlp.c_fc.bias", {4 * Cl}, {4 * C}, 0, 1, false);
-      split(h + "mlp.c_proj.weight", {4 * Cl, C}, {4 * C, C}, 0, 1, true);  // row
-      whole(h + "mlp.c_proj.bias", {C}, false);
-      end_group();
+    for (int l = spec.layer_begin; l < spec.layer_end; ++l) {
+      layout.begin_group(c, l);
+      if (gpt) add_gpt_layer(b, m, layer_prefix(m.arch, l));
+      else add_llama_layer(b, m, layer_prefix(m.arch, l));
+      layout.pad_to(part.group_floats);
     }
-    if (c.last) {
-      norm("transformer.ln_f");
-      if (!layout.contains("transformer.wte.weight")) add_wte(part.tied_copy_on_last);
-      end_group();
+    if (spec.last) {
+      layout.begin_group(c, -1);
+      if (gpt) {
+        b.norm("transformer.ln_f.weight");
+        b.norm("transformer.ln_f.bias");
+      } else {
+        b.norm("model.norm.weight");
+      }
+      if (!m.tie_embeddings) b.vocab("lm_head.weight", false);
+      else if (!layout.contains(embedding)) b.vocab(embedding, part.tied_copy_on_last);
+      layout.pad_to(part.group_floats);
     }
   }
   return layout;

@@ -42,6 +42,8 @@ Config with_row(Config c, const PlanRow& r, const Cluster& cluster) {
 std::string constraint(const Config& c, const PlanRow& r) {
   const ModelConfig& m = c.model;
   if (m.n_head % r.tp != 0) return "tp must divide n_head";
+  if (kv_heads(m) % r.tp != 0) return "tp must divide n_kv_head";
+  if (ffn_width(m) % r.tp != 0) return "tp must divide ffn_hidden";
   if (r.pp * r.virtual_stages > m.n_layer) return "more stages than layers";
   if (r.sequence_parallel && (r.tp == 1 || (r.micro_batch_size * m.seq_len) % r.tp != 0))
     return "sequence parallelism needs tp > 1 and token rows divisible by tp";
@@ -94,7 +96,7 @@ void predict(const Config& base, const Cluster& cluster, PlanRow& r, StepsCache&
   r.step_time_s = t.step_time_s;
   r.bubble = t.bubble;
   r.tokens_per_s = double(tokens_per_step(c)) / t.step_time_s;
-  r.tflops_per_gpu = gpt_flops_per_token(c.model) * r.tokens_per_s / cluster.world() / 1e12;
+  r.tflops_per_gpu = flops_per_token(c.model) * r.tokens_per_s / cluster.world() / 1e12;
   r.mfu = r.tflops_per_gpu / cluster.device.peak_tflops;
 }
 

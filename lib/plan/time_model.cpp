@@ -36,6 +36,8 @@ namespace {
 // The sizes of one micro-batch on one rank and what it runs on.
 struct Shape {
   double B, T, C, heads, t, V, N, rows, e;  // rows: N, or N/t under SP
+  double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
+  bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
   const DeviceSpec* dev;
   LinkSpec tp_link;
@@ -68,11 +70,12 @@ double tp_comm(const Shape& s, int count, int gathers) {
 StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const DeviceSpec& d = *s.dev;
   const double N = s.N, C = s.C, Cl = s.C / s.t, e = s.e;
-  const double gemms = gemm_seconds(d, N, 3 * Cl, C, e) + gemm_seconds(d, N, C, Cl, e) +
-                       gemm_seconds(d, N, 4 * Cl, C, e) + gemm_seconds(d, N, C, 4 * Cl, e);
-  // LayerNorms, residual adds and biases on the held rows; GELU on N x 4C/t.
+  const double Ql = s.qkv / s.t, Fl = s.ffn / s.t, Gl = (s.gated ? 2 : 1) * Fl;
+  const double gemms = gemm_seconds(d, N, Ql, C, e) + gemm_seconds(d, N, C, Cl, e) +
+                       gemm_seconds(d, N, Gl, C, e) + gemm_seconds(d, N, C, Fl, e);
+  // Norms, residual adds and biases on the held rows; the MLP's activation on N x Gl.
   const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
-  const double gelu = 2 * N * 4 * Cl * e;
+  const double gelu = 2 * N * Gl * e;
   const double attention = attention_forward(s);
   StageCosts c{0, 0, 0, 0};
   c.forward = gemms + attention + memory_seconds(s, rowwise + gelu, 10) + tp_comm(s, 2, 2);
@@ -81,15 +84,15 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
                                                            : 0;
   c.backward_input = refwd + gemms + 2 * attention + memory_seconds(s, 2 * (rowwise + gelu), 12) +
                      tp_comm(s, 2, 2);
-  // wgrads (K = N) and the bias and LayerNorm reductions; SP gathers ln1 and ln2 again.
-  c.backward_weight = gemm_seconds(d, C, 3 * Cl, N, e) + gemm_seconds(d, Cl, C, N, e) +
-                      gemm_seconds(d, C, 4 * Cl, N, e) + gemm_seconds(d, 4 * Cl, C, N, e) +
+  // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
+  c.backward_weight = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e) +
+                      gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e) +
                       memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
                       (s.sp ? 2 * gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
   return c;
 }
 
-// The last virtual stage's final LayerNorm, tied head and vocab-parallel cross-entropy.
+// The last virtual stage's final norm, head and vocab-parallel cross-entropy.
 StageCosts head_costs(const Shape& s) {
   const DeviceSpec& d = *s.dev;
   const double Vl = s.V / s.t, N = s.N, C = s.C, e = s.e;
@@ -139,6 +142,9 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.T = m.seq_len;
   s.C = m.d_model;
   s.heads = m.n_head;
+  s.qkv = m.d_model + 2.0 * kv_heads(m) * head_size(m);
+  s.ffn = ffn_width(m);
+  s.gated = m.arch == Arch::Llama;
   s.t = p.tp;
   s.V = padded_vocab(m, 128 * p.tp);
   s.N = s.B * s.T;
@@ -229,19 +235,20 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
   r.dp_exposed_s = 0;
   for (int stage = 0; stage < p.pp; ++stage) {
     const ModelPartition part = rank_partition(cfg, stage, 0);
-    const double floats = double(gpt_param_layout(cfg.model, part).total_floats());
+    const double floats = double(param_layout(cfg.model, part).total_floats());
     params = std::max(params, floats);
     if (p.dp == 1) continue;
     double hidden = 0, tail = bucket;
     for (int c = 0; c < placement.chunks(); ++c) {
       const StageCosts& k = costs[size_t(placement.virtual_stage(stage, c))];
       hidden += k.backward_input + k.backward_weight;
-      if (part.chunks[size_t(c)].first) tail += 4 * (s.V / s.t * s.C + s.T * s.C);
+      if (part.chunks[size_t(c)].first)  // the embeddings (GPT-2's positions too)
+        tail += 4 * (s.V / s.t * s.C + (s.gated ? 0 : s.T * s.C));
     }
     const double all = reduce(4 * floats), last = reduce(std::min(tail, 4 * floats));
     r.dp_exposed_s = std::max(r.dp_exposed_s, p.overlap ? std::max(all - hidden, last) : all);
   }
-  if (p.pp > 1 && placement.head_stage() != 0) {  // the tied embedding's two copies
+  if (p.pp > 1 && placement.head_stage() != 0 && cfg.model.tie_embeddings) {  // its two copies
     const double wte = s.V / s.t * s.C * 4;
     r.dp_exposed_s += all_reduce_seconds(pp_link, wte, 2);
   }

@@ -8,8 +8,9 @@
 
 namespace pptrain {
 
-RankGrid::RankGrid(int tp, int dp, int pp, int head_stage)
-    : tp_(tp), dp_(dp), pp_(pp), head_stage_(head_stage < 0 ? pp - 1 : head_stage) {
+RankGrid::RankGrid(int tp, int dp, int pp, int head_stage, bool tied_head)
+    : tp_(tp), dp_(dp), pp_(pp), head_stage_(head_stage < 0 ? pp - 1 : head_stage),
+      tied_head_(tied_head) {
   if (tp < 1 || dp < 1 || pp < 1)
     throw std::invalid_argument("rank grid: tp, dp and pp must be >= 1, got tp=" +
                                 std::to_string(tp) + " dp=" + std::to_string(dp) +
@@ -59,7 +60,7 @@ std::vector<int> RankGrid::pp_group(int r) const {
 
 std::vector<int> RankGrid::embedding_group(int r) const {
   RankCoord c = coord(r);
-  if (c.pp != 0 && c.pp != head_stage_) return {};
+  if (!tied_head_ || (c.pp != 0 && c.pp != head_stage_)) return {};
   RankCoord first = c, head = c;
   first.pp = 0;
   head.pp = head_stage_;
@@ -86,7 +87,7 @@ int RankGrid::pp_group_index(int r) const {
 
 int RankGrid::embedding_group_index(int r) const {
   RankCoord c = coord(r);
-  if (c.pp != 0 && c.pp != head_stage_) return -1;
+  if (!tied_head_ || (c.pp != 0 && c.pp != head_stage_)) return -1;
   return pp_group_index(r);
 }
 
@@ -114,6 +115,7 @@ std::vector<std::vector<int>> RankGrid::all_pp_groups() const {
 
 std::vector<std::vector<int>> RankGrid::all_embedding_groups() const {
   std::vector<std::vector<int>> out;
+  if (!tied_head_) return out;
   for (int d = 0; d < dp_; ++d)
     for (int t = 0; t < tp_; ++t) out.push_back(embedding_group(rank({t, d, 0})));
   return out;

@@ -17,9 +17,10 @@ struct RankCoord {
 class RankGrid {
  public:
   // `head_stage`: the pipeline stage holding the LM head (the last virtual stage); -1 for
-  // the last stage. std::invalid_argument if a size is < 1, the world overflows int or
-  // head_stage is not a stage.
-  RankGrid(int tp, int dp, int pp, int head_stage = -1);
+  // the last stage. `tied_head`: the head is the token embedding, so the first and head
+  // stages form embedding groups (an untied head needs none). std::invalid_argument if a
+  // size is < 1, the world overflows int or head_stage is not a stage.
+  RankGrid(int tp, int dp, int pp, int head_stage = -1, bool tied_head = true);
 
   int tp() const { return tp_; }
   int dp() const { return dp_; }
@@ -34,7 +35,8 @@ class RankGrid {
   std::vector<int> dp_group(int rank) const;  // ranks sharing (tp, pp), ordered by dp
   std::vector<int> pp_group(int rank) const;  // ranks sharing (tp, dp), ordered by stage
   // Ranks holding the tied token embedding of this rank's pipeline: {first stage, head
-  // stage} (one rank when they are the same stage). Empty for ranks on neither.
+  // stage} (one rank when they are the same stage). Empty for ranks on neither, and for
+  // every rank when the head is untied.
   std::vector<int> embedding_group(int rank) const;
 
   // Every group of a kind, ordered by its lowest rank; the index of a group is the
@@ -48,13 +50,14 @@ class RankGrid {
   int tp_group_index(int rank) const;
   int dp_group_index(int rank) const;
   int pp_group_index(int rank) const;
-  int embedding_group_index(int rank) const;  // -1 if the rank holds no embedding
+  int embedding_group_index(int rank) const;  // -1 if the rank is in no embedding group
 
   // One line per rank (rank -> tp, dp, pp), then every TP, DP, PP and embedding group.
   std::string describe() const;
 
  private:
   int tp_, dp_, pp_, head_stage_;
+  bool tied_head_;
 };
 
 }  // namespace pptrain

@@ -11,26 +11,16 @@ namespace pptrain {
 namespace {
 constexpr std::size_t kAlignFloats = 64;  // the arena's 256-byte entry alignment
 
-// A run of the arena that becomes final at once: a layer (layer >= 0), or a chunk's
-// embeddings or head (layer -1).
+// A group of the layout (ParamLayout::Group) with its end.
 struct Group {
   int chunk, layer;
   std::size_t begin, end;
 };
 
 // The groups in arena order; each ends where the next begins (the last at the arena end).
-std::vector<Group> arena_groups(const ParamLayout& layout, const ModelPartition& part) {
+std::vector<Group> arena_groups(const ParamLayout& layout) {
   std::vector<Group> groups;
-  const auto start = [&](int chunk, int layer, const std::string& first_tensor) {
-    groups.push_back({chunk, layer, layout.at(first_tensor).offset, 0});
-  };
-  for (int c = 0; c < int(part.chunks.size()); ++c) {
-    const ChunkSpec& spec = part.chunks[std::size_t(c)];
-    if (spec.first) start(c, -1, "transformer.wte.weight");
-    for (int l = spec.layer_begin; l < spec.layer_end; ++l)
-      start(c, l, "transformer.h." + std::to_string(l) + ".ln_1.weight");
-    if (spec.last) start(c, -1, "transformer.ln_f.weight");
-  }
+  for (const ParamLayout::Group& g : layout.groups()) groups.push_back({g.chunk, g.layer, g.begin, 0});
   for (std::size_t g = 0; g < groups.size(); ++g)
     groups[g].end = g + 1 < groups.size() ? groups[g + 1].begin : layout.total_floats();
   return groups;
@@ -51,7 +41,7 @@ std::vector<GradBucket> plan_grad_buckets(const ParamLayout& layout, const Model
                                           std::size_t max_floats) {
   PPTRAIN_CHECK(max_floats >= 1 && max_floats % part.group_floats == 0,
                 "bucket size must be a multiple of the group size");
-  const std::vector<Group> groups = arena_groups(layout, part);
+  const std::vector<Group> groups = arena_groups(layout);
   std::vector<GradBucket> buckets;
   // Cuts a group too large for one bucket into pieces from its start.
   const auto pieces = [&](const Group& g) {

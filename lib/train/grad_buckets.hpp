@@ -36,7 +36,7 @@ std::size_t group_floats(const ParallelConfig& p);
 // `step` (64 floats, or group_floats under ZeRO), and at least one step.
 std::size_t bucket_floats(const ParallelConfig& p);
 
-// The buckets of a rank's arena (laid out by gpt_param_layout(model, part)), chunk by
+// The buckets of a rank's arena (laid out by param_layout(model, part)), chunk by
 // chunk in the order they become final: layers from the top down, then the chunk's head,
 // then its embeddings. Together they cover the arena exactly once. Every bucket is at
 // most max_floats long and, like the groups, a multiple of part.group_floats.

@@ -19,11 +19,12 @@ GradSync::GradSync(Session& s)
   const ParamLayout& layout = s.model.layout();
   const std::size_t total = layout.total_floats();
   comm::Group* embedding = s.comms.embedding_for_model();
-  const bool tied = embedding && embedding->size() > 1 && layout.contains("transformer.wte.weight");
+  const std::string& wte_name = embedding_name(s.cfg.model.arch);
+  const bool tied = embedding && embedding->size() > 1 && layout.contains(wte_name);
   for (const GradBucket& b : buckets_) {
     bool holds_wte = false;
     if (tied) {
-      const ParamEntry& wte = layout.at("transformer.wte.weight");
+      const ParamEntry& wte = layout.at(wte_name);
       holds_wte = wte.offset < b.end && b.begin < wte.offset + wte.numel;
     }
     after_embedding_.push_back(zero_ && holds_wte);
@@ -97,7 +98,7 @@ void GradSync::finish(double grad_clip) {
   wait_started();  // before touching the embedding gradient below; the host goes on
   comm::Group* embedding = s_.comms.embedding_for_model();
   if (embedding && embedding->size() > 1) {
-    const ParamEntry& wte = s_.model.layout().at("transformer.wte.weight");
+    const ParamEntry& wte = s_.model.layout().at(embedding_name(s_.cfg.model.arch));
     embedding->all_reduce(grads + wte.offset, wte.numel, comm::ReduceOp::Sum);
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i)

@@ -15,14 +15,8 @@
 namespace pptrain {
 
 ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
-  ActivationShape shape;
-  shape.batch = c.parallel.micro_batch_size;
-  shape.seq_len = c.model.seq_len;
-  shape.d_model = c.model.d_model;
-  shape.heads = c.model.n_head / c.parallel.tp;
-  shape.tp = c.parallel.tp;
-  shape.vocab_rows = vocab_rows_per_shard(c.model, c.parallel.tp);
-  shape.act_bytes = dtype_size(be.compute);
+  ActivationShape shape = model_activation_shape(c.model, c.parallel.micro_batch_size,
+                                                 c.parallel.tp, dtype_size(be.compute));
   shape.attention_state_bytes = ops::attention_state_bytes(
       be.logsumexp_attention, be.compute, shape.batch, shape.seq_len, shape.heads);
   return shape;
@@ -57,14 +51,16 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
 
 // What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
 // and one scratch block as large as the largest any of the model's kernels asks for: the
-// bias and LayerNorm weight-gradient column sums, or attention's.
+// bias and norm weight-gradient column sums, or attention's.
 double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
   const ModelConfig& m = c.model;
   const int tp = c.parallel.tp, B = c.parallel.micro_batch_size, T = m.seq_len, N = B * T;
   const int rows_held = c.parallel.sequence_parallel ? N / tp : N;
   const int C = m.d_model, heads = m.n_head / tp, hs = m.d_model / m.n_head;
-  std::size_t scratch = 4 * std::max(ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)),
-                                     2 * ops::cuda_column_sum_floats(rows_held, C));
+  // GPT-2: bias sums (widest: c_fc's 4C/t) and LayerNorm's two sums; llama: RMSNorm's one.
+  const bool gpt = m.arch == Arch::Gpt2;
+  const std::size_t bias_sums = gpt ? ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)) : 0;
+  std::size_t scratch = 4 * std::max(bias_sums, (gpt ? 2 : 1) * ops::cuda_column_sum_floats(rows_held, C));
   const bool fused = be.logsumexp_attention && ops::cuda_fused_attention_head_size(hs);
   const bool probabilities_in_scratch = be.logsumexp_attention && !fused;
   for (bool backward : {false, true})
@@ -79,7 +75,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
   const ModelPartition part = rank_partition(c, stage, tp_rank);
-  const ParamLayout layout = gpt_param_layout(m, part);
+  const ParamLayout layout = param_layout(m, part);
   const double total = double(layout.total_floats());
   RankMemory r;
   r.stage = stage;

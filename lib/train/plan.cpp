@@ -48,15 +48,15 @@ std::string describe_plan_json(const Config& c, const std::vector<std::string>& 
         {"workspace", to_mib(r.workspace)},
         {"backend_scratch", to_mib(r.backend_scratch)}}},
       {"state_bytes_per_parameter", r.state_bytes_per_parameter()},
-      {"parameters", gpt_param_layout(c.model).hf_param_count()},
+      {"parameters", param_layout(c.model).hf_param_count()},
       {"tokens_per_step", tokens_per_step(c)},
-      {"flops_per_token", gpt_flops_per_token(c.model)}};
+      {"flops_per_token", flops_per_token(c.model)}};
   return j.dump(2) + "\n";
 }
 
 std::string describe_plan(const Config& c, const std::vector<std::string>& auto_sets) {
   const ModelConfig& m = c.model;
-  const ParamLayout layout = gpt_param_layout(m);
+  const ParamLayout layout = param_layout(m);
   const TrainData data = TrainData::open(c.data, m, c.train.seed);
   const auto val = load_validation_tokens(c.data, m, c.train.seed);
   const int gpus = visible_gpus(c);
@@ -66,7 +66,7 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
   const double arena = double(layout.total_floats()) * sizeof(float);
   // The forward's weight copy, when it is not the fp32 master itself.
   const double copy = act_type == DType::F32 ? 0.0 : double(layout.total_floats()) * 2;
-  const double flops_token = gpt_flops_per_token(m);
+  const double flops_token = flops_per_token(m);
   const int64_t tokens = tokens_per_step(c);
   const auto& p = c.parallel;
   std::string out;
@@ -74,10 +74,15 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
     out += fmt::format("{:<13}{}\n", key, value);
   };
   line("config", c.source_path);
-  line("model", fmt::format("GPT-2, {} layers, {} heads, d_model {}, seq_len {}, vocab {} "
+  const std::string llama =
+      m.arch == Arch::Llama
+          ? fmt::format(", {} kv heads, ffn {}, {} head", kv_heads(m), ffn_width(m),
+                        m.tie_embeddings ? "tied" : "untied")
+          : "";
+  line("model", fmt::format("{}, {} layers, {} heads{}, d_model {}, seq_len {}, vocab {} "
                             "(padded to {})",
-                            m.n_layer, m.n_head, m.d_model, m.seq_len, m.vocab_size,
-                            padded_vocab(m)));
+                            m.arch == Arch::Llama ? "Llama" : "GPT-2", m.n_layer, m.n_head, llama,
+                            m.d_model, m.seq_len, m.vocab_size, padded_vocab(m)));
   line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
                                  double(layout.hf_param_count()) / 1e6));
   line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp, p.pp, p.dp,

@@ -124,7 +124,7 @@ std::string save_run_checkpoint(Session& s, const float* params, const SavedMome
 
 CheckpointMeta load_run_checkpoint(Session& s, const std::string& path, float* params,
                                    float* exp_avg, float* exp_avg_sq) {
-  CheckpointMeta meta = load_checkpoint(path, gpt_param_layout(s.cfg.model), s.model.layout(),
+  CheckpointMeta meta = load_checkpoint(path, param_layout(s.cfg.model), s.model.layout(),
                                         params, exp_avg, exp_avg_sq);
   if (s.logs()) spdlog::info("loaded checkpoint {} (step {})", path, meta.step);
   return meta;

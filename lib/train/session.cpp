@@ -1,5 +1,7 @@
 #include "train/session.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "checkpoint/checkpoint.hpp"
@@ -90,7 +92,7 @@ ActivationPolicy activation_policy(const Config& c) {
 
 RankGrid make_grid(const Config& c) {
   const auto& p = c.parallel;
-  return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage());
+  return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage(), c.model.tie_embeddings);
 }
 
 namespace {
@@ -132,18 +134,19 @@ Session::Session(const Config& config)
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}
 
-// A checkpoint of another model shape whose tensors happen to fit (n_head changes no
-// shape) must not be resumed.
+// A checkpoint of another model whose tensors happen to fit (n_head, or the arch's
+// other settings, change no shape) must not be resumed.
 void check_same_model(const Config& cfg, const CheckpointMeta& meta, const std::string& path) {
   const ModelConfig saved = parse_config(meta.config_yaml, path + "/meta.json").model;
   const ModelConfig& m = cfg.model;
-  if (saved.n_layer != m.n_layer || saved.n_head != m.n_head || saved.d_model != m.d_model ||
-      saved.seq_len != m.seq_len || saved.vocab_size != m.vocab_size)
-    throw InputError(path + ": checkpoint of another model (n_layer " +
-                     std::to_string(saved.n_layer) + ", n_head " + std::to_string(saved.n_head) +
-                     ", d_model " + std::to_string(saved.d_model) + ", seq_len " +
-                     std::to_string(saved.seq_len) + ", vocab_size " +
-                     std::to_string(saved.vocab_size) + ") than the config's");
+  const auto shape = [](const ModelConfig& x) {
+    return fmt::format("arch {}, n_layer {}, n_head {}, n_kv_head {}, d_model {}, ffn_hidden {}, "
+                       "seq_len {}, vocab_size {}, rope_theta {}, norm_eps {}, tie_embeddings {}",
+                       name_of(x.arch), x.n_layer, x.n_head, kv_heads(x), x.d_model, ffn_width(x),
+                       x.seq_len, x.vocab_size, x.rope_theta, x.norm_eps, x.tie_embeddings);
+  };
+  if (shape(saved) != shape(m))
+    throw InputError(path + ": checkpoint of another model (" + shape(saved) + ") than the config's");
 }
 
 double share(Session& s, double value, bool contributes) {

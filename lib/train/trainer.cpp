@@ -248,7 +248,7 @@ void RankTrainer::log_start() const {
   spdlog::info("data: {}; validation: {} tokens", data_.describe(), val_.size());
   spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
                "schedule {} (theoretical bubble {:.3f})",
-               gpt_param_layout(cfg_.model).hf_param_count(), tokens_per_step(cfg_), par.tp,
+               param_layout(cfg_.model).hf_param_count(), tokens_per_step(cfg_), par.tp,
                par.pp, par.dp, s_.grid.world_size(), name_of(par.schedule), bubble_theory_);
   spdlog::info("backend: {}{}", s_.ops->name(),
                peak_tflops_ > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops_)
@@ -343,7 +343,7 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
     return;
   const StepReport& rep = o.report;
   const double tok_s = double(tokens_per_step(cfg_)) / o.seconds;
-  const double flops_per_step = gpt_flops_per_token(cfg_.model) * double(tokens_per_step(cfg_));
+  const double flops_per_step = flops_per_token(cfg_.model) * double(tokens_per_step(cfg_));
   const double flops_per_rank = flops_per_step / o.seconds / s_.grid.world_size();
   const double util = mfu(flops_per_rank, peak_tflops_);
   const double eta = train_seconds_ / double(n - first_step_) * double(last_step_ - n);
@@ -393,7 +393,7 @@ void RankTrainer::maybe_checkpoint(int64_t n, const StepOutcome& o) {
   meta.train_state = {{"data_cursor", {{"seed", cfg_.train.seed}, {"next_step", n}}},
                       {"tokens_seen", n * tokens_per_step(cfg_)},
                       {"loss", o.loss}};
-  meta.extra_files["config.json"] = hf_gpt2_config(cfg_.model);
+  meta.extra_files["config.json"] = hf_config(cfg_.model);
   AlignedBuffer<float> params(s_.model.layout().total_floats()), m(opt_.size()), v(opt_.size());
   sync_.read_params(opt_, params.data());
   s_.ops->download(m.data(), opt_.exp_avg(), opt_.size() * sizeof(float));

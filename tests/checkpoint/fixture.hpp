@@ -134,7 +134,7 @@ class CheckpointTest : public ::testing::Test {
 
   fs::path root_;
   std::string dir_;
-  ParamLayout layout_ = gpt_param_layout(small_model());
+  ParamLayout layout_ = param_layout(small_model());
 };
 
 }  // namespace pptrain::ckpt_test

@@ -141,7 +141,7 @@ TEST_F(CheckpointTest, MismatchedModelsAreInputErrorsAndLeaveArenasAlone) {
   for (std::size_t i = 0; i < b.p.size(); ++i) ASSERT_EQ(b.p[i], 3.0f) << i;  // untouched
 
   // Loading into a model with fewer layers finds tensors it does not expect.
-  const ParamLayout one_layer = gpt_param_layout(small_model(16, 1));
+  const ParamLayout one_layer = param_layout(small_model(16, 1));
   Arenas full(layout_);
   full.fill(5);
   const std::string t = save(layout_, full, 2);
@@ -149,7 +149,7 @@ TEST_F(CheckpointTest, MismatchedModelsAreInputErrorsAndLeaveArenasAlone) {
                      "unexpected tensor transformer.h.1.");
 
   // A different d_model: the first tensor already has the wrong shape.
-  const ParamLayout wide = gpt_param_layout(small_model(32));
+  const ParamLayout wide = param_layout(small_model(32));
   expect_input_error([&] { load_into(wide, t); }, t + "/model.safetensors",
                      "transformer.wte.weight has shape [100, 16], expected [100, 32]");
 }

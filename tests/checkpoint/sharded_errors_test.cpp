@@ -111,10 +111,10 @@ TEST_F(ShardedTest, BadSlicingRecordsAreInputErrors) {
 
 TEST_F(ShardedTest, OtherModelsAreInputErrorsAndLeaveArenasAlone) {
   const std::string step = save_sharded(2, 2, 1, 1);
-  const ParamLayout one_layer = gpt_param_layout(small_model(16, 1));
+  const ParamLayout one_layer = param_layout(small_model(16, 1));
   expect_input_error([&] { load_whole(one_layer, step); }, step + "/model-tp",
                      "unexpected tensor transformer.h.1.");
-  const ParamLayout wide = gpt_param_layout(small_model(32));
+  const ParamLayout wide = param_layout(small_model(32));
   Arenas b(wide);
   b.set_all(3.0f);
   expect_input_error([&] { load_checkpoint(step, wide, b.p.data(), b.m.data(), b.v.data()); },
@@ -126,7 +126,7 @@ TEST_F(ShardedTest, OtherModelsAreInputErrorsAndLeaveArenasAlone) {
 TEST_F(ShardedTest, FailedShardWritesLeaveThePreviousCheckpoint) {
   save_sharded(2, 1, 1, 1);
   const std::string tmp = create_temp_step_dir(dir_, 2);
-  const ParamLayout layout = gpt_param_layout(model_, partition(model_, 1, 0, 2, 1));
+  const ParamLayout layout = param_layout(model_, partition(model_, 1, 0, 2, 1));
   Arenas a(layout);
   {
     FileSizeLimit limit(4096);  // the shard is ~20 KB

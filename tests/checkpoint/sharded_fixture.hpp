@@ -68,7 +68,7 @@ class ShardedTest : public CheckpointTest {
                        std::vector<FileRecord>& files, WriteOptimizer write_optimizer) {
     for (int s = 0; s < pp; ++s)
       for (int t = 0; t < tp; ++t) {
-        const ParamLayout layout = gpt_param_layout(model_, partition(model_, pp, s, tp, t));
+        const ParamLayout layout = param_layout(model_, partition(model_, pp, s, tp, t));
         Arenas a(layout);
         fill_slices(layout, a, seed);
         files.push_back(write_model_shard(tmp, t, s, layout, a.p.data()));
@@ -84,15 +84,15 @@ class ShardedTest : public CheckpointTest {
                       files.push_back(write_optimizer_shard(tmp, t, s, layout, a.m.data(), a.v.data()));
                     });
     CheckpointMeta meta = meta_at(step);
-    meta.extra_files["config.json"] = hf_gpt2_config(model_);
+    meta.extra_files["config.json"] = hf_config(model_);
     return commit_step_dir(dir_, keep, files, {tp, pp, 2}, meta);
   }
   // Loads `step` into the layout of `part` (weights and moments) and checks every slice.
   void expect_loads(const std::string& step, const ModelPartition& part, uint64_t seed) {
-    const ParamLayout layout = gpt_param_layout(model_, part);
+    const ParamLayout layout = param_layout(model_, part);
     Arenas b(layout);
     b.set_all(5.0f);
-    const CheckpointMeta meta = load_checkpoint(step, gpt_param_layout(model_), layout, b.p.data(),
+    const CheckpointMeta meta = load_checkpoint(step, param_layout(model_), layout, b.p.data(),
                                                 b.m.data(), b.v.data());
     EXPECT_EQ(meta.train_state, meta_at(meta.step).train_state);
     expect_slices(layout, b, seed);

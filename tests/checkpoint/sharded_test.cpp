@@ -61,7 +61,7 @@ TEST_F(ShardedTest, LoadsIntoTheWholeModelAndAnyLayout) {
   expect_loads(step, partition(model_, 1, 0, 2, 1), 2);
   expect_loads(step, partition(model_, 2, 1, 1, 0), 2);
   // Weights only.
-  const ParamLayout l = gpt_param_layout(model_, partition(model_, 1, 0, 2, 0));
+  const ParamLayout l = param_layout(model_, partition(model_, 1, 0, 2, 0));
   Arenas b(l);
   load_checkpoint(step, layout_, l, b.p.data(), nullptr, nullptr);
   expect_slices(l, b, 2, /*moments=*/false);

@@ -160,7 +160,7 @@ TEST(GptModel, LayoutUsesGpt2NamesAndShapes) {
   m.d_model = 768;
   m.seq_len = 1024;
   m.vocab_size = 50257;
-  const ParamLayout layout = gpt_param_layout(m);
+  const ParamLayout layout = param_layout(m);
   EXPECT_EQ(layout.hf_param_count(), 124439808);  // GPT-2 small
   EXPECT_EQ(layout.at("transformer.wte.weight").hf_shape, (std::vector<int64_t>{50257, 768}));
   EXPECT_EQ(layout.at("transformer.wte.weight").shape, (std::vector<int64_t>{50304, 768}));
@@ -182,7 +182,7 @@ TEST(TensorParallelLayout, ShardsTileTheGlobalTensors) {
   m.d_model = 8;
   m.seq_len = 4;
   m.vocab_size = 300;  // padded to 512 for tp=2: shard 1 holds rows 256..511, real up to 299
-  const ParamLayout unsplit = gpt_param_layout(m);
+  const ParamLayout unsplit = param_layout(m);
   for (const ParamEntry& whole : unsplit.entries()) {
     std::vector<float> global(whole.hf_numel()), rebuilt(whole.hf_numel(), -1.0f);
     for (size_t i = 0; i < global.size(); ++i) global[i] = float(i);
@@ -190,7 +190,7 @@ TEST(TensorParallelLayout, ShardsTileTheGlobalTensors) {
       ModelPartition part = whole_model(m);
       part.tp_size = 2;
       part.tp_rank = r;
-      const ParamLayout shard_layout = gpt_param_layout(m, part);
+      const ParamLayout shard_layout = param_layout(m, part);
       const ParamEntry& e = shard_layout.at(whole.name);
       std::vector<float> local(e.numel);
       slice_from_global(e, global.data(), local.data());
@@ -228,7 +228,7 @@ TEST(TensorParallelLayout, FillsFromGlobalIndicesLikeTheSlice) {
       ModelPartition part = whole_model(m);
       part.tp_size = tp;
       part.tp_rank = r;
-      const ParamLayout layout = gpt_param_layout(m, part);
+      const ParamLayout layout = param_layout(m, part);
       for (const ParamEntry& e : layout.entries()) {
         std::vector<float> global(e.hf_numel());
         for (size_t i = 0; i < global.size(); ++i) global[i] = float(i) + 0.5f;

@@ -31,7 +31,7 @@ Arenas small_arenas(uint64_t seed) {
   m.n_head = 2;
   m.seq_len = 8;
   m.vocab_size = 50;
-  Arenas a{gpt_param_layout(m), {}, {}, {}};
+  Arenas a{param_layout(m), {}, {}, {}};
   const size_t n = a.layout.total_floats();
   a.p_whole.resize(n);
   a.g.resize(n);

@@ -164,7 +164,7 @@ TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
     }
     previous_fits = r.fits;
     fits_seen = fits_seen || r.fits;
-    EXPECT_NEAR(r.tflops_per_gpu, gpt_flops_per_token(c.model) * r.tokens_per_s / 8 / 1e12, 1e-9);
+    EXPECT_NEAR(r.tflops_per_gpu, flops_per_token(c.model) * r.tokens_per_s / 8 / 1e12, 1e-9);
     EXPECT_GT(r.bubble, -1e-12);
   }
   EXPECT_TRUE(fits_seen);

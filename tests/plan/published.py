@@ -39,7 +39,7 @@ KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198, Tables 3 and 5, sectio
 MEGATRON_H100 = "Megatron-LM README, Training Speed and Scalability (2024-07-15, f2e5db402c)"
 
 # What each publication reports, and how its FLOPs relate to pptrain's model FLOPs
-# (gpt_flops_per_token: 72 L C^2 + 12 L T C + 6 C V per token, no recomputation).
+# (flops_per_token: 72 L C^2 + 12 L T C + 6 C V per token, no recomputation).
 #   tflops_eq3: TFLOP/s per GPU counted by Narayanan et al.'s equation (3),
 #               96 B s l h^2 (1 + s/6h + V/16lh) per step: the layers' GEMMs four times
 #               (full recomputation), the logits three times.

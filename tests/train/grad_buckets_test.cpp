@@ -50,7 +50,7 @@ void expect_tiling(const ParamLayout& layout, const std::vector<GradBucket>& buc
 
 TEST(GradBuckets, LayersShareABucketWhileTheyFitAndAreFinalWithTheLowest) {
   const ModelPartition part = three_chunks(1);
-  const ParamLayout layout = gpt_param_layout(model(), part);
+  const ParamLayout layout = param_layout(model(), part);
   const std::size_t layer = layer_begin(layout, 1) - layer_begin(layout, 0);
   const std::size_t max = (2 * layer + 63) / 64 * 64;  // two layers, not three
   const auto buckets = plan_grad_buckets(layout, part, max);
@@ -74,7 +74,7 @@ TEST(GradBuckets, LayersShareABucketWhileTheyFitAndAreFinalWithTheLowest) {
 
 TEST(GradBuckets, LayersLargerThanTheBoundAreCutIntoPieces) {
   const ModelPartition part = three_chunks(1);
-  const ParamLayout layout = gpt_param_layout(model(), part);
+  const ParamLayout layout = param_layout(model(), part);
   const std::size_t max = 64 * 20;  // smaller than a layer and than the embeddings
   const auto buckets = plan_grad_buckets(layout, part, max);
   expect_tiling(layout, buckets, max, 1);
@@ -101,7 +101,7 @@ TEST(GradBuckets, ZeroPadsGroupsSoThatEveryBucketSplitsEvenly) {
     EXPECT_EQ(max % group, 0u);
     EXPECT_GE(max, group);
     const ModelPartition part = three_chunks(group);
-    const ParamLayout layout = gpt_param_layout(model(), part);
+    const ParamLayout layout = param_layout(model(), part);
     EXPECT_EQ(layout.total_floats() % group, 0u);
     for (int l = 0; l < 6; ++l) EXPECT_EQ(layer_begin(layout, l) % group, 0u) << dp;
     expect_tiling(layout, plan_grad_buckets(layout, part, max), max, group);
@@ -113,7 +113,7 @@ TEST(GradBuckets, ZeroPadsGroupsSoThatEveryBucketSplitsEvenly) {
 }
 
 TEST(GradBuckets, AWholeModelInTheDefaultBoundIsThreeBuckets) {
-  const ParamLayout layout = gpt_param_layout(model());
+  const ParamLayout layout = param_layout(model());
   ParallelConfig p;
   const auto buckets = plan_grad_buckets(layout, whole_model(model()), bucket_floats(p));
   ASSERT_EQ(buckets.size(), 3u);  // the layers, the head, the embeddings

@@ -1,27 +1,20 @@
-// GptModel's activation memory: each chunk's layout from the activation table, the sets,
+// DecoderModel's activation memory: each chunk's layout from the activation table, the sets,
 // the parts lent between passes, the shared workspace, and the views the passes use.
 #include <algorithm>
 #include <stdexcept>
 
 #include "core/error.hpp"
-#include "model/gpt.hpp"
+#include "model/decoder.hpp"
 
 namespace pptrain {
 
-ActivationShape GptModel::activation_shape() const {
-  ActivationShape s;
-  s.batch = B_;
-  s.seq_len = T_;
-  s.d_model = C_;
-  s.heads = NHl_;
-  s.tp = part_.tp_size;
-  s.vocab_rows = Vrows_;
-  s.act_bytes = dtype_size(dt_);
+ActivationShape DecoderModel::activation_shape() const {
+  ActivationShape s = model_activation_shape(cfg_, B_, part_.tp_size, dtype_size(dt_));
   s.attention_state_bytes = ops_.attention_state_bytes(B_, T_, NHl_);
   return s;
 }
 
-void GptModel::init_activation_layouts() {
+void DecoderModel::init_activation_layouts() {
   const ActivationShape shape = activation_shape();
   std::size_t workspace = 0;
   for (const ChunkSpec& c : part_.chunks) {
@@ -35,14 +28,14 @@ void GptModel::init_activation_layouts() {
   spare_from_b_.resize(part_.chunks.size());
 }
 
-GptModel::Activations& GptModel::activations(Set& set) { return static_cast<Activations&>(set); }
-const GptModel::Activations& GptModel::activations(const Set& set) {
+DecoderModel::Activations& DecoderModel::activations(Set& set) { return static_cast<Activations&>(set); }
+const DecoderModel::Activations& DecoderModel::activations(const Set& set) {
   return static_cast<const Activations&>(set);
 }
 
-std::unique_ptr<StageModel::Set> GptModel::new_set(int chunk) { return new_activations(chunk); }
+std::unique_ptr<StageModel::Set> DecoderModel::new_set(int chunk) { return new_activations(chunk); }
 
-std::unique_ptr<GptModel::Activations> GptModel::new_activations(int chunk) const {
+std::unique_ptr<DecoderModel::Activations> DecoderModel::new_activations(int chunk) const {
   const ChunkActivationLayout& L = layouts_.at(std::size_t(chunk));
   auto a = std::make_unique<Activations>();
   a->chunk = chunk;
@@ -51,7 +44,7 @@ std::unique_ptr<GptModel::Activations> GptModel::new_activations(int chunk) cons
   return a;
 }
 
-void GptModel::lend(Activations& a, Lifetime part) {
+void DecoderModel::lend(Activations& a, Lifetime part) {
   const std::size_t bytes = layouts_[std::size_t(a.chunk)].part_bytes[int(part)];
   ops::Buffer& held = part == Lifetime::UntilB ? a.until_b : a.from_b;
   auto& spare = (part == Lifetime::UntilB ? spare_until_b_ : spare_from_b_)[std::size_t(a.chunk)];
@@ -65,13 +58,13 @@ void GptModel::lend(Activations& a, Lifetime part) {
   }
 }
 
-void GptModel::give_back(Activations& a, Lifetime part) {
+void DecoderModel::give_back(Activations& a, Lifetime part) {
   ops::Buffer& held = part == Lifetime::UntilB ? a.until_b : a.from_b;
   auto& spare = (part == Lifetime::UntilB ? spare_until_b_ : spare_from_b_)[std::size_t(a.chunk)];
   if (held.get()) spare.push_back(std::move(held));
 }
 
-void GptModel::release_parts(Set& set) {
+void DecoderModel::release_parts(Set& set) {
   Activations& a = activations(set);
   give_back(a, Lifetime::UntilB);
   give_back(a, Lifetime::FromB);
@@ -88,7 +81,7 @@ int boundary_index(Slot s) {
 }
 }  // namespace
 
-ops::Act* GptModel::boundary(Activations& a, Slot s) {
+ops::Act* DecoderModel::boundary(Activations& a, Slot s) {
   const int i = boundary_index(s);
   if (a.boundaries[i]) return a.boundaries[i];
   if (spare_boundaries_.empty()) {
@@ -100,7 +93,7 @@ ops::Act* GptModel::boundary(Activations& a, Slot s) {
   return a.boundaries[i] = a.lent[i].act();
 }
 
-void GptModel::release_boundaries(Set& set) {
+void DecoderModel::release_boundaries(Set& set) {
   Activations& a = activations(set);
   for (int i = 0; i < 3; ++i) {
     if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
@@ -108,20 +101,20 @@ void GptModel::release_boundaries(Set& set) {
   }
 }
 
-void GptModel::return_boundary(Set& set, Slot s) {
+void DecoderModel::return_boundary(Set& set, Slot s) {
   Activations& a = activations(set);
   const int i = boundary_index(s);
   if (a.lent[i].get()) spare_boundaries_.push_back(std::move(a.lent[i]));
   a.boundaries[i] = nullptr;
 }
 
-void GptModel::output_into(Set& set, ops::Act* next_input) {
+void DecoderModel::output_into(Set& set, ops::Act* next_input) {
   Activations& a = activations(set);
   PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::output)], "the output is already held");
   a.boundaries[boundary_index(Slot::output)] = next_input;
 }
 
-void GptModel::input_grad_into(Set& set, ops::Act* previous_output_grad) {
+void DecoderModel::input_grad_into(Set& set, ops::Act* previous_output_grad) {
   Activations& a = activations(set);
   PPTRAIN_CHECK(!a.boundaries[boundary_index(Slot::input_grad)], "the input gradient is already held");
   a.boundaries[boundary_index(Slot::input_grad)] = previous_output_grad;
@@ -129,7 +122,7 @@ void GptModel::input_grad_into(Set& set, ops::Act* previous_output_grad) {
 
 // The slot's buffer for layer `local` of the set's chunk (per-chunk slots ignore it). In
 // the forward, a fully recomputed layer writes its B..W slots into the workspace.
-void* GptModel::slot(Activations& a, int local, Slot s, bool forward) const {
+void* DecoderModel::slot(Activations& a, int local, Slot s, bool forward) const {
   const ChunkActivationLayout& L = layouts_[std::size_t(a.chunk)];
   ChunkActivationLayout::Where w = L.at(local, s);
   if (forward && w.life == Lifetime::FromB && is_layer_slot(s) &&
@@ -154,7 +147,7 @@ void* GptModel::slot(Activations& a, int local, Slot s, bool forward) const {
   return static_cast<std::byte*>(part->get()) + w.offset;
 }
 
-GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const {
+DecoderModel::LayerView DecoderModel::layer_view(Activations& a, int i, Pass pass) const {
   const ChunkActivationLayout& L = layouts_[std::size_t(a.chunk)];
   const int n = L.layers;
   const bool forward = pass == Pass::Forward;
@@ -189,6 +182,7 @@ GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const
   v.dout_gathered = A(Slot::dout_gathered);
   v.dres2 = A(Slot::dres2);
   v.dres2_gathered = A(Slot::dres2_gathered);
+  v.dfch_act = A(Slot::dfch_act);
   v.dfch = A(Slot::dfch);
   v.dln2 = A(Slot::dln2);
   v.dqkv = A(Slot::dqkv);
@@ -202,30 +196,30 @@ GptModel::LayerView GptModel::layer_view(Activations& a, int i, Pass pass) const
   return v;
 }
 
-std::size_t GptModel::boundary_bytes() const {
+std::size_t DecoderModel::boundary_bytes() const {
   return activation_layout(0).part_bytes[int(Lifetime::Boundary)];
 }
 
 // Split by elements: C, and so every boundary array, is a multiple of tp.
-bool GptModel::scatters_messages() const { return part_.tp_size > 1 && !tp_.sequence_parallel(); }
+bool DecoderModel::scatters_messages() const { return part_.tp_size > 1 && !tp_.sequence_parallel(); }
 
-std::pair<std::size_t, std::size_t> GptModel::message_part() const {
+std::pair<std::size_t, std::size_t> DecoderModel::message_part() const {
   if (!scatters_messages()) return {0, boundary_bytes()};
   const std::size_t share = boundary_bytes() / std::size_t(part_.tp_size);
   return {share * std::size_t(part_.tp_rank), share};
 }
 
-void GptModel::complete_message(ops::Act* boundary) {
+void DecoderModel::complete_message(ops::Act* boundary) {
   if (!scatters_messages()) return;
   const std::size_t count = boundary_bytes() / dtype_size(dt_) / std::size_t(part_.tp_size);
   tp_.all_gather_in_place(boundary, count);
 }
 
-ops::Act* GptModel::input_buffer(Set& set) const {
+ops::Act* DecoderModel::input_buffer(Set& set) const {
   return static_cast<ops::Act*>(slot(activations(set), 0, Slot::x));
 }
-ops::Act* GptModel::output(Set& set) { return boundary(activations(set), Slot::output); }
-ops::Act* GptModel::output_grad(Set& set) { return boundary(activations(set), Slot::output_grad); }
-ops::Act* GptModel::input_grad(Set& set) { return boundary(activations(set), Slot::input_grad); }
+ops::Act* DecoderModel::output(Set& set) { return boundary(activations(set), Slot::output); }
+ops::Act* DecoderModel::output_grad(Set& set) { return boundary(activations(set), Slot::output_grad); }
+ops::Act* DecoderModel::input_grad(Set& set) { return boundary(activations(set), Slot::input_grad); }
 
 }  // namespace pptrain

@@ -1,0 +1,128 @@
+// The Llama block's three passes, its final RMSNorm and construction. Norms and residual
+// adds run on the rows this rank holds; the products, the rotary embedding and attention
+// on all N rows (tp_regions.hpp).
+#include "model/llama.hpp"
+
+#include "core/error.hpp"
+
+namespace pptrain {
+
+namespace {
+// The first tensor of each packed run, in LayerTensors order.
+const std::vector<std::string> kLayerTensorNames = {
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.down_proj.weight"};
+}  // namespace
+
+LlamaModel::LlamaModel(const ModelConfig& model, int batch, ops::Ops& ops,
+                       const ModelPartition& part, comm::Group* tp,
+                       const ActivationPolicy& policy, Master master)
+    : DecoderModel(model, batch, ops, part, tp, policy, master),
+      W_((NHl_ + 2 * NKVl_) * hs_),
+      Fl_(ffn_width(model) / part.tp_size),
+      eps_(float(model.norm_eps)),
+      embedding_(pptrain::embedding_name(Arch::Llama)),
+      head_(model.tie_embeddings ? embedding_ : std::string("lm_head.weight")),
+      layer_offsets_(layer_offsets(kLayerTensorNames)) {
+  PPTRAIN_CHECK(model.arch == Arch::Llama && hs_ % 2 == 0, "not a llama shape");
+  init_activation_layouts();
+}
+
+template <typename P>
+LlamaModel::LayerTensors<P> LlamaModel::layer_tensors(int layer, P arena) const {
+  const size_t* o = &layer_offsets_[size_t(layer) * kLayerTensorNames.size()];
+  PPTRAIN_CHECK(o[0] != SIZE_MAX, "layer not held by this rank");
+  auto at = [&](int k) -> P {
+    if constexpr (std::is_same_v<P, float*>) return arena + o[k];
+    else return ops::advance(arena, o[k], dt_);
+  };
+  return {at(0), at(1), at(2), at(3), at(4), at(5)};
+}
+
+void LlamaModel::rope(ops::Act* qkv, bool inverse) {
+  ops_.rope(qkv, B_ * T_, T_, W_, NHl_ + NKVl_, hs_, float(cfg_.rope_theta), inverse);
+}
+
+void LlamaModel::final_norm_forward(ops::Act* out, float* /*mean*/, float* rstd,
+                                    const ops::Act* inp, int rows) {
+  ops_.rmsnorm_forward(out, rstd, inp, weight(norm_), rows, C_, eps_);
+}
+
+void LlamaModel::final_norm_backward_input(ops::Act* dinp, const ops::Act* dout,
+                                           const ops::Act* inp, const float* /*mean*/,
+                                           const float* rstd, int rows) {
+  ops_.rmsnorm_backward_input(dinp, dout, inp, weight(norm_), rstd, rows, C_);
+}
+
+void LlamaModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act* inp,
+                                            const float* /*mean*/, const float* rstd, int rows) {
+  ops_.rmsnorm_backward_weight(grad(norm_), dout, inp, rstd, rows, C_);
+}
+
+void LlamaModel::layer_forward(int l, const LayerView& v) {
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const auto w = layer_tensors<const ops::Act*>(l, weights());
+  const size_t NhC = size_t(Nh) * C;
+  // Attention: res2 = x + o_proj(attn(rope(q, k), v)), q|k|v = ln1 @ qkv^T.
+  ops_.rmsnorm_forward(v.ln1, v.ln1_rstd, v.x, w.ln1, Nh, C, eps_);
+  const ops::Act* ln1 = tp_.gather(v.ln1, v.ln1_gathered, C);
+  ops_.gemm(false, true, N, W_, C, 1.0f, ln1, w.qkv, 0.0f, v.qkv);
+  rope(v.qkv, false);
+  attention_forward(v);
+  ops::Act* proj = tp_.partial_target(v.res2, v.partial);
+  ops_.gemm(false, true, N, C, Cl, 1.0f, v.atty, w.o, 0.0f, proj);
+  tp_.reduce(proj, v.res2, C);
+  ops_.add(v.res2, v.res2, v.x, NhC);
+  // MLP: out = res2 + down_proj(silu(gate) * up), gate|up = ln2 @ gate_up^T.
+  ops_.rmsnorm_forward(v.ln2, v.ln2_rstd, v.res2, w.ln2, Nh, C, eps_);
+  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C);
+  ops_.gemm(false, true, N, 2 * Fl_, C, 1.0f, ln2, w.gate_up, 0.0f, v.fch);
+  ops_.swiglu_forward(v.fch_gelu, v.fch, N, Fl_);
+  ops::Act* down = tp_.partial_target(v.out, v.partial);
+  ops_.gemm(false, true, N, C, Fl_, 1.0f, v.fch_gelu, w.down, 0.0f, down);
+  tp_.reduce(down, v.out, C);
+  ops_.add(v.out, v.out, v.res2, NhC);
+}
+
+void LlamaModel::layer_backward_input(int l, const LayerView& v) {
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
+  const auto w = layer_tensors<const ops::Act*>(l, weights());
+  // MLP.
+  const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
+  ops_.gemm(false, false, N, Fl_, C, 1.0f, dout, w.down, 0.0f, v.dfch_act);
+  ops_.swiglu_backward(v.dfch, v.dfch_act, v.fch, N, Fl_);
+  ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
+  ops_.gemm(false, false, N, C, 2 * Fl_, 1.0f, v.dfch, w.gate_up, 0.0f, dln2);
+  tp_.reduce(dln2, v.dln2, C);  // column-parallel input gradient
+  ops_.copy(v.dres2, v.dout, held_bytes);
+  ops_.rmsnorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
+  // Attention; q and k are rotated back after the attention's backward.
+  const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
+  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+  ops_.gemm(false, false, N, Cl, C, 1.0f, dres2, w.o, 0.0f, datty);
+  ops_.attention_backward(v.dqkv, datty, v.qkv, v.atty, v.att_state, B_, T_, Cl, NHl_, NKVl_);
+  rope(v.dqkv, true);
+  ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
+  ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);
+  tp_.reduce(dln1, v.dln1, C);  // column-parallel input gradient
+  ops_.copy(v.dx, v.dres2, held_bytes);
+  ops_.rmsnorm_backward_input(v.dx, v.dln1, v.x, w.ln1, v.ln1_rstd, Nh, C);
+}
+
+// The RMSNorm gradients cover the held rows; under sequence parallelism GradSync sums
+// them over tp. Weight gradients of (out, in) weights: dW += dout^T @ inp.
+void LlamaModel::layer_backward_weight(int l, const LayerView& v) {
+  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const auto g = layer_tensors<float*>(l, grads());
+  const ops::Act* dout = tp_.gathered(v.dout, v.dout_gathered);
+  ops_.linear_weight_grad(g.down, dout, v.fch_gelu, N, C, Fl_);
+  ops_.linear_weight_grad(g.gate_up, v.dfch, tp_.gather(v.ln2, v.ln2_gathered, C), N, 2 * Fl_, C);
+  ops_.rmsnorm_backward_weight(g.ln2, v.dln2, v.res2, v.ln2_rstd, Nh, C);
+  const ops::Act* dres2 = tp_.gathered(v.dres2, v.dres2_gathered);
+  ops_.linear_weight_grad(g.o, dres2, v.atty, N, C, Cl);
+  ops_.linear_weight_grad(g.qkv, v.dqkv, tp_.gather(v.ln1, v.ln1_gathered, C), N, W_, C);
+  ops_.rmsnorm_backward_weight(g.ln1, v.dln1, v.x, v.ln1_rstd, Nh, C);
+}
+
+}  // namespace pptrain
