@@ -22,9 +22,10 @@ for t in "${targets[@]}"; do
   [ -f "fuzz/${t}_fuzzer.cpp" ] || { echo "unknown fuzz target '$t'" >&2; exit 2; }
 done
 
-# clang and its runtime libraries (libFuzzer, sanitizers), installed only when missing.
+# clang and its runtime libraries (libFuzzer, sanitizers), and the parsers' libraries,
+# installed only when missing: this runs before scripts/setup.sh on a fresh machine.
 # (the runtime's package is named after clang's major version, known once clang is there).
-scripts/install_packages.sh clang
+scripts/install_packages.sh clang cmake ninja-build libyaml-cpp-dev nlohmann-json3-dev
 scripts/install_packages.sh "libclang-rt-$(clang++ -dumpversion | cut -d. -f1)-dev"
 
 cmake -S fuzz -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null

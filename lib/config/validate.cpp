@@ -80,10 +80,8 @@ void validate_model(const ModelConfig& m, const Rules& r) {
 }
 
 // What each architecture can be: GPT-2's block is fixed; a llama head must rotate in pairs.
-void validate_arch(const ModelConfig& m, const Rules& r, const Origins& origins) {
-  const auto given = [&](const char* key) { return origins.value_line.count(key) > 0; };
+void validate_arch(const ModelConfig& m, const Rules& r) {
   if (m.arch == Arch::Gpt2) {
-    const char* only = "applies to model.arch: llama only";
     if (m.n_kv_head != m.n_head)
       r.fail("model.n_kv_head", "must equal model.n_head for model.arch: gpt2 (grouped-query "
                                 "attention is model.arch: llama)");
@@ -92,8 +90,11 @@ void validate_arch(const ModelConfig& m, const Rules& r, const Origins& origins)
                                      " for model.arch: gpt2 (got " + std::to_string(m.ffn_hidden) + ")");
     if (!m.tie_embeddings)
       r.fail("model.tie_embeddings", "must be true for model.arch: gpt2 (its head is wte)");
-    if (m.norm_eps != 1e-5) r.fail("model.norm_eps", "must be 1e-05 for model.arch: gpt2");
-    if (given("model.rope_theta")) r.fail("model.rope_theta", only);
+    if (m.norm_eps != ModelConfig{}.norm_eps)
+      r.fail("model.norm_eps", "must be 1e-05 for model.arch: gpt2");
+    // Its default is accepted, so that to_yaml's output (every key) parses back.
+    if (m.rope_theta != ModelConfig{}.rope_theta)
+      r.fail("model.rope_theta", "applies to model.arch: llama only");
     return;
   }
   if (head_size(m) % 2 != 0)
@@ -232,7 +233,7 @@ void validate_logging(const LoggingConfig& l, const Rules& r) {
 void validate(const Config& config, const Origins& origins) {
   Rules rules(origins);
   validate_model(config.model, rules);
-  validate_arch(config.model, rules, origins);
+  validate_arch(config.model, rules);
   validate_parallel(config.parallel, rules);
   validate_layout(config, rules);
   validate_train(config.train, rules);
