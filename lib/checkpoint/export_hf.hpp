@@ -1,6 +1,7 @@
-// `pptrain export`: a Hugging Face GPT-2 directory (model.safetensors in GPT-2 names and
-// shapes, the real vocabulary rows only, and config.json) from a checkpoint of any
-// layout, one-rank or sharded, on one process without MPI.
+// `pptrain export`: a Hugging Face directory (GPT2LMHeadModel or LlamaForCausalLM, by
+// model.arch: model.safetensors in Hugging Face's names and shapes, the real vocabulary
+// rows only, and config.json) from a checkpoint of any layout, one-rank or sharded, on
+// one process without MPI.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -140,8 +140,8 @@ struct CheckpointConfig {
   int every = 0;       // save every N steps (0: only at the end)
   int keep = 3;        // newest N checkpoints kept
   std::string resume;  // "" (fresh start), "auto" (newest valid in dir), or a path
-  // A fresh run's weights: a Hugging Face GPT-2 directory or its model.safetensors ("":
-  // GPT-2 initialisation). A checkpoint to resume takes precedence.
+  // A fresh run's weights: a Hugging Face directory (GPT2LMHeadModel or
+  // LlamaForCausalLM) or its model.safetensors ("": the arch's initialisation). A checkpoint to resume takes precedence.
   std::string init_from;
 };
 

@@ -206,18 +206,20 @@ class Ops {
                     bool inverse) = 0;
 
   // ---- Attention ----
-  // Bytes of the state attention_forward saves for its backward (the CPU saves the
-  // [B,NH,T,T] probabilities; a fused kernel saves less).
+  // Bytes of the state attention_forward saves for its backward, per query head (the
+  // CPU saves the [B,NH,T,T] probabilities; a fused kernel saves less).
   virtual std::size_t attention_state_bytes(int B, int T, int NH) const = 0;
-  // Causal multi-head self-attention core. qkv[B,T,3C] holds q|k|v, each split into
-  // NH heads of C/NH; out[B,T,C]. Scale 1/sqrt(C/NH).
+  // Causal self-attention core with grouped key/value heads (NKV divides NH; NKV == NH
+  // is multi-head attention). A qkv row of W = C + 2*Ckv elements holds q (NH heads of
+  // hs = C/NH), then k and v (NKV heads of hs each, Ckv = NKV*hs); query head h attends
+  // with key/value head h / (NH/NKV). qkv[B,T,W], out[B,T,C]. Scale 1/sqrt(hs).
   virtual void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                                 int NH) = 0;
-  // dqkv = gradient w.r.t. qkv (overwrites), from dout[B,T,C] and the saved state.
-  // out: the forward's output, unchanged since (a backend may read it instead of
-  // recomputing it).
+                                 int NH, int NKV) = 0;
+  // dqkv[B,T,W] = gradient w.r.t. qkv (overwrites; a key/value head's is the sum over its
+  // query heads), from dout[B,T,C] and the saved state. out: the forward's output,
+  // unchanged since (a backend may read it instead of recomputing it).
   virtual void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
-                                  const void* state, int B, int T, int C, int NH) = 0;
+                                  const void* state, int B, int T, int C, int NH, int NKV) = 0;
 
   // ---- Embedding and loss ----
   // Vocab-parallel embedding: wte holds the rows [vocab_begin, vocab_begin+vocab_rows)
@@ -351,11 +353,12 @@ inline std::size_t cuda_column_sum_floats(int N, int C) {
 inline bool cuda_fused_attention_head_size(int hs) {
   return hs == 16 || hs == 32 || hs == 64 || hs == 128;
 }
-// Scratch of the CUDA attention's forward or backward over B x T rows of NH heads of hs:
-// with the fused kernels (`fused`), the backward's row dots; else the heads split into
-// [B*NH, T, hs] arrays (q, k, v, y; the backward also dy, dq, dk, dv and the score
-// gradients [B*NH, T, T]), plus the probabilities when they are not the saved state
-// (`probabilities_in_scratch`: fused asked for, but not for this head size).
+// Scratch of the CUDA attention's forward or backward over B x T rows of NH query heads
+// of hs: with the fused kernels (`fused`), the backward's row dots; else the heads split
+// into [B*NH, T, hs] arrays, k and v repeated for each query head of a group (q, k, v,
+// y; the backward also dy, dq, dk, dv and the score gradients [B*NH, T, T]), plus the
+// probabilities when they are not the saved state (`probabilities_in_scratch`: fused
+// asked for, but not for this head size).
 inline std::size_t cuda_attention_scratch_bytes(bool backward, bool fused,
                                                 bool probabilities_in_scratch, DType dtype,
                                                 int B, int T, int NH, int hs) {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.hpp"
 #include "comm/launcher.hpp"
@@ -139,14 +141,24 @@ Session::Session(const Config& config)
 void check_same_model(const Config& cfg, const CheckpointMeta& meta, const std::string& path) {
   const ModelConfig saved = parse_config(meta.config_yaml, path + "/meta.json").model;
   const ModelConfig& m = cfg.model;
-  const auto shape = [](const ModelConfig& x) {
-    return fmt::format("arch {}, n_layer {}, n_head {}, n_kv_head {}, d_model {}, ffn_hidden {}, "
-                       "seq_len {}, vocab_size {}, rope_theta {}, norm_eps {}, tie_embeddings {}",
-                       name_of(x.arch), x.n_layer, x.n_head, kv_heads(x), x.d_model, ffn_width(x),
-                       x.seq_len, x.vocab_size, x.rope_theta, x.norm_eps, x.tie_embeddings);
+  const auto settings = [](const ModelConfig& x) {
+    return std::vector<std::pair<const char*, std::string>>{
+        {"arch", std::string(name_of(x.arch))},    {"n_layer", fmt::format("{}", x.n_layer)},
+        {"n_head", fmt::format("{}", x.n_head)},   {"n_kv_head", fmt::format("{}", kv_heads(x))},
+        {"d_model", fmt::format("{}", x.d_model)}, {"ffn_hidden", fmt::format("{}", ffn_width(x))},
+        {"seq_len", fmt::format("{}", x.seq_len)}, {"vocab_size", fmt::format("{}", x.vocab_size)},
+        {"rope_theta", fmt::format("{}", x.rope_theta)},
+        {"norm_eps", fmt::format("{}", x.norm_eps)},
+        {"tie_embeddings", fmt::format("{}", x.tie_embeddings)}};
   };
-  if (shape(saved) != shape(m))
-    throw InputError(path + ": checkpoint of another model (" + shape(saved) + ") than the config's");
+  const auto ours = settings(m), theirs = settings(saved);
+  std::string differ;
+  for (std::size_t i = 0; i < ours.size(); ++i)
+    if (ours[i].second != theirs[i].second)
+      differ += fmt::format("{}model.{} {} there, {} in the config", differ.empty() ? "" : "; ",
+                            ours[i].first, theirs[i].second, ours[i].second);
+  if (!differ.empty())
+    throw InputError(path + ": checkpoint of another model (" + differ + ")");
 }
 
 double share(Session& s, double value, bool contributes) {

@@ -13,6 +13,13 @@ inline void expect_same_config(const Config& a, const Config& b) {
   PPTRAIN_SAME(model.d_model);
   PPTRAIN_SAME(model.seq_len);
   PPTRAIN_SAME(model.vocab_size);
+  PPTRAIN_SAME(model.arch);
+  // By meaning: a config not parsed holds 0 (the default) where a parsed one is resolved.
+  EXPECT_EQ(kv_heads(a.model), kv_heads(b.model)) << "model.n_kv_head";
+  EXPECT_EQ(ffn_width(a.model), ffn_width(b.model)) << "model.ffn_hidden";
+  PPTRAIN_SAME(model.rope_theta);
+  PPTRAIN_SAME(model.norm_eps);
+  PPTRAIN_SAME(model.tie_embeddings);
   PPTRAIN_SAME(parallel.tp);
   PPTRAIN_SAME(parallel.pp);
   PPTRAIN_SAME(parallel.dp);

@@ -9,6 +9,8 @@ within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
 the device exactly once (device_syncs: at its end, for its loss and norm), and the
 most memory any rank held is what check-config predicts, within 4 KiB. Then:
+- llama: model.arch: llama with grouped-query attention, in three layouts and with the
+  fused kernels, against the one-rank CPU run of that model;
 - stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
   dropped in turn, makes a dp2 run wrong or fail for some stream seed;
 - overlap: dp2, (2,2,2) and two ZeRO-1 layouts with buckets smaller than a layer give
@@ -139,6 +141,42 @@ def check_layouts(names, work, failures):
     if 4 not in reference:
         reference[4], _ = run(PPTRAIN, work, "cpu_m4", settings(1, 1, 1, 4, []))
     return reference[4]
+
+
+# model.arch: llama (RMSNorm, rotary embedding, SwiGLU, an untied head) with grouped-query
+# attention, 4 query heads on 2 key/value heads: tp splits both. The fused kernels run at
+# head size 16 (2 query heads on 1 key/value head). label: (layout, precision, model, fused)
+LLAMA_GQA = ["model.arch=llama", "model.n_head=4", "model.n_kv_head=2", "model.ffn_hidden=96"]
+LLAMA_FUSED = ["model.arch=llama", "model.n_head=2", "model.n_kv_head=1", "model.ffn_hidden=96"]
+LLAMA = {
+    "llama_tp2_pp2_dp2_fp32": ("tp2_pp2_dp2", "fp32", LLAMA_GQA, False),
+    "llama_tp2_pp2_dp2_bf16": ("tp2_pp2_dp2", "bf16", LLAMA_GQA, False),
+    "llama_dp2_zero1_bf16": ("dp2_zero1", "bf16", LLAMA_GQA, False),
+    "llama_tp2_sp_fp32": ("tp2_sp", "fp32", LLAMA_GQA, False),
+    "llama_one_fused_bf16": ("one", "bf16", LLAMA_FUSED, True),
+}
+
+
+def check_llama(work, failures):
+    """model.arch: llama on the CUDA path against the one-rank CPU run of the same model."""
+    references = {}
+    for index, (label, (like, precision, model, fused)) in enumerate(LLAMA.items()):
+        tp, pp, dp, mb, extra = LAYOUTS[like]
+        key = (tuple(model), dp * mb)
+        if key not in references:
+            references[key], _ = run(PPTRAIN, work, f"cpu_{label}",
+                                     settings(1, 1, 1, dp * mb, model))
+        rows, took = run(EMULATED, work, label,
+                         settings(tp, pp, dp, mb, extra + model) +
+                         ["device=cuda", f"train.precision={precision}"] +
+                         (["train.attention=fused"] if fused else []), seed=index + 1)
+        diff = worst(rows, references[key])
+        ok = len(rows) == STEPS and diff <= PRECISIONS[precision] and one_wait(rows)
+        print(f"{label:28} worst {diff:.1e} (bound {PRECISIONS[precision]:.0e}), device_syncs "
+              f"{[r.get('device_syncs') for r in rows]}, {took:.0f} s -> {'ok' if ok else 'FAIL'}",
+              flush=True)
+        if not ok:
+            failures.append(label)
 
 
 def stream_wait_sites():
@@ -387,6 +425,7 @@ def main():
     failures = []
     reference = check_layouts(names, work, failures)
     check_predicted_memory(work, names, failures)
+    check_llama(work, failures)
     check_dropped_waits(work, failures, reference)
     check_overlap(work, failures)
     check_checkpoints(work, failures)
@@ -395,8 +434,8 @@ def main():
     check_auto_layout(work, failures, reference)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    print(f"{2 * len(names) * len(PRECISIONS) + len(FUSED) + len(stream_wait_sites()) + 16} passed, "
-          "0 failed")
+    checks = 2 * len(names) * len(PRECISIONS) + len(FUSED) + len(LLAMA) + len(stream_wait_sites())
+    print(f"{checks + 16} passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -137,23 +137,27 @@ class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Ar
   std::size_t attention_state_bytes(int B, int T, int NH) const override {
     return cpu_.attention_state_bytes(B, T, NH);
   }
-  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                         int NH) override {
+  // qkv rows hold C query elements and 2 * C / NH * NKV key and value elements.
+  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH,
+                         int NKV) override {
     typename Arrays::Output o = Arrays::output(out, this->elems(B, T, C), false);
     cpu_.attention_forward(o.data(), static_cast<float*>(state),
-                           Arrays::input(qkv, this->elems(B, T, 3 * C)).data(), B, T, C, NH);
+                           Arrays::input(qkv, this->elems(B, T, qkv_width(C, NH, NKV))).data(),
+                           B, T, C, NH, NKV);
     o.store();
   }
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* /*out*/,
-                          const void* state, int B, int T, int C, int NH) override {
-    typename Arrays::Output d = Arrays::output(dqkv, this->elems(B, T, 3 * C), false);
+                          const void* state, int B, int T, int C, int NH, int NKV) override {
+    const std::size_t n = this->elems(B, T, qkv_width(C, NH, NKV));
+    typename Arrays::Output d = Arrays::output(dqkv, n, false);
     cpu_.attention_backward(d.data(), Arrays::input(dout, this->elems(B, T, C)).data(),
-                            Arrays::input(qkv, this->elems(B, T, 3 * C)).data(),
-                            static_cast<const float*>(state), B, T, C, NH);
+                            Arrays::input(qkv, n).data(), static_cast<const float*>(state), B, T,
+                            C, NH, NKV);
     d.store();
   }
 
  private:
+  static int qkv_width(int C, int NH, int NKV) { return C + 2 * (C / NH) * NKV; }
   CpuOps cpu_{1};
 };
 

@@ -73,7 +73,7 @@ TEST(CpuMath, NaNScoresGiveNaNAttention) {
   const int T = 3, C = 4;
   std::vector<float> qkv = testing::randn(T * 3 * C, 300), out(T * C), att(T * T);
   qkv[2 * 3 * C + C] = std::numeric_limits<float>::quiet_NaN();  // k of token 2
-  ops->attention_forward(out.data(), att.data(), qkv.data(), 1, T, C, 1);
+  ops->attention_forward(out.data(), att.data(), qkv.data(), 1, T, C, 1, 1);
   EXPECT_FALSE(std::isnan(out[0]));
   EXPECT_TRUE(std::isnan(out[2 * C]));
 }

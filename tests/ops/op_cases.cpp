@@ -349,17 +349,24 @@ std::vector<OpCase> make_cases() {
                    r.ops.gelu_backward(dinp, x, in_place ? dinp : r.act(dy), kGelu);
                  }});
   // Attention forward, then the backward from the backend's own state; T and the head
-  // size multiples of 8 in the second shape (the CUDA kernels' 16-byte paths).
-  for (const auto& [B, T, C, NH] : {std::array{2, 37, 48, 4}, std::array{2, 64, 64, 4}})
-    t.push_back({"attention_T" + std::to_string(T), [=](OpRun& r) {
+  // size multiples of 8 in the second shape (the CUDA kernels' 16-byte paths). Multi-head
+  // (NKV = NH), then grouped-query: two query heads per key/value head, and four on one.
+  for (const auto& [B, T, C, NH, NKV] :
+       {std::array{2, 37, 48, 4, 4}, std::array{2, 64, 64, 4, 4}, std::array{2, 37, 48, 4, 2},
+        std::array{2, 64, 64, 4, 1}})
+    t.push_back({"attention_T" + std::to_string(T) +
+                     (NKV != NH ? "_kv" + std::to_string(NKV) : std::string()),
+                 [=](OpRun& r) {
                    const std::size_t n = std::size_t(B) * T * C;
-                   const Act* qkv = r.act(r.randn(3 * n, 1));
+                   const std::size_t n_qkv = std::size_t(B) * T * (C + 2 * (C / NH) * NKV);
+                   const Act* qkv = r.act(r.randn(n_qkv, 1));
                    void* state = r.scratch(r.ops.attention_state_bytes(B, T, NH));
                    Act* out = r.act_out("out", n, {1e-5, 2e-2});
-                   r.ops.attention_forward(out, state, qkv, B, T, C, NH);
+                   r.ops.attention_forward(out, state, qkv, B, T, C, NH, NKV);
                    // bf16: probabilities, scores and their gradients are rounded on the way.
-                   r.ops.attention_backward(r.act_out("dqkv", 3 * n, {1e-5, 3e-2}),
-                                            r.act(r.randn(n, 2)), qkv, out, state, B, T, C, NH);
+                   r.ops.attention_backward(r.act_out("dqkv", n_qkv, {1e-5, 3e-2}),
+                                            r.act(r.randn(n, 2)), qkv, out, state, B, T, C, NH,
+                                            NKV);
                  }});
   add_embedding_and_loss_cases(t);
   add_vocab_parallel_cases(t);

@@ -3,7 +3,10 @@
 // compared with the gradient the backward ops return.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/cpu_ops.hpp"
@@ -187,73 +190,89 @@ TEST_F(OpsGradTest, Gelu) {
   expect_ok(check_gradient(x, dx, loss, all_indices(n)), "gelu");
 }
 
+// Elements of qkv rows with NH query heads and NKV key and value heads of C/NH.
+int qkv_width(int C, int NH, int NKV) { return C + 2 * (C / NH) * NKV; }
+
+// Multi-head (NKV = NH) and grouped-query attention: two query heads per key/value head,
+// and all four on one.
 TEST_F(OpsGradTest, Attention) {
-  const int B = 2, T = 5, C = 8, NH = 2;
-  std::vector<float> qkv = randn(B * T * 3 * C, 50);
-  const std::vector<float> R = randn(B * T * C, 51);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  auto loss = [&] {
-    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    return dot(out, R);
-  };
-  loss();
-  std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
-  ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
-  expect_ok(check_gradient(qkv, dqkv, loss, all_indices(qkv.size())), "attention dqkv");
+  const int B = 2, T = 5, C = 8;
+  for (const auto& [NH, NKV] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
+    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), 50);
+    const std::vector<float> R = randn(B * T * C, 51);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    auto loss = [&] {
+      ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      return dot(out, R);
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
+    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+    expect_ok(check_gradient(qkv, dqkv, loss, all_indices(qkv.size())), "attention dqkv");
+  }
 }
 
 TEST_F(OpsGradTest, AttentionAcrossRowBlocks) {
   // T spans several internal row blocks; check a random subset of elements.
-  const int B = 1, T = 150, C = 8, NH = 2;
-  std::vector<float> qkv = randn(B * T * 3 * C, 52);
-  const std::vector<float> R = randn(B * T * C, 53);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  auto loss = [&] {
-    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    return dot(out, R);
-  };
-  loss();
-  std::vector<float> dqkv(qkv.size());
-  ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
-  expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 150, 54)),
-            "attention dqkv (T=150)");
+  const int B = 1, T = 150, C = 8;
+  for (const auto& [NH, NKV] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
+    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), 52);
+    const std::vector<float> R = randn(B * T * C, 53);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    auto loss = [&] {
+      ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      return dot(out, R);
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size());
+    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+    expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 150, 54)),
+              "attention dqkv (T=150)");
+  }
 }
 
 // The blocked (flash-style) attention: finite differences over several row blocks, and
 // the same outputs and gradients as the form that keeps the probabilities.
 TEST_F(OpsGradTest, BlockedAttentionAcrossRowBlocks) {
-  const int B = 2, T = 150, C = 8, NH = 2;
-  std::vector<float> qkv = randn(B * T * 3 * C, 55);
-  const std::vector<float> R = randn(B * T * C, 56);
-  std::vector<float> out(B * T * C), lse(B * NH * T);
-  auto loss = [&] {
-    ops->attention_forward_blocked(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    return dot(out, R);
-  };
-  loss();
-  std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
-  ops->attention_backward_blocked(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T,
-                                  C, NH);
-  expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 200, 57)),
-            "blocked attention dqkv (T=150)");
+  const int B = 2, T = 150, C = 8;
+  for (const auto& [NH, NKV] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
+    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), 55);
+    const std::vector<float> R = randn(B * T * C, 56);
+    std::vector<float> out(B * T * C), lse(B * NH * T);
+    auto loss = [&] {
+      ops->attention_forward_blocked(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+      return dot(out, R);
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
+    ops->attention_backward_blocked(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B,
+                                    T, C, NH, NKV);
+    expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 200, 57)),
+              "blocked attention dqkv (T=150)");
+  }
 }
 
 TEST_F(OpsGradTest, BlockedAttentionMatchesTheProbabilityForm) {
-  for (int T : {1, 7, 64, 65, 150}) {
-    const int B = 2, C = 32, NH = 4;
-    const std::vector<float> qkv = randn(B * T * 3 * C, 60 + T), R = randn(B * T * C, 90 + T);
-    std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size());
-    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
-    std::vector<float> out_b(out.size()), lse(B * NH * T), dqkv_b(qkv.size());
-    ops->attention_forward_blocked(out_b.data(), lse.data(), qkv.data(), B, T, C, NH);
-    ops->attention_backward_blocked(dqkv_b.data(), R.data(), qkv.data(), out_b.data(), lse.data(),
-                                    B, T, C, NH);
-    for (std::size_t i = 0; i < out.size(); ++i)
-      ASSERT_NEAR(out_b[i], out[i], 2e-6f * (1.0f + std::fabs(out[i]))) << "T=" << T << " out " << i;
-    for (std::size_t i = 0; i < dqkv.size(); ++i)
-      ASSERT_NEAR(dqkv_b[i], dqkv[i], 2e-5f * (1.0f + std::fabs(dqkv[i]))) << "T=" << T << " dqkv " << i;
-  }
+  for (int NKV : {4, 2, 1})
+    for (int T : {1, 7, 64, 65, 150}) {
+      const int B = 2, C = 32, NH = 4, n = B * T * qkv_width(C, NH, NKV);
+      SCOPED_TRACE("NKV " + std::to_string(NKV) + " T " + std::to_string(T));
+      const std::vector<float> qkv = randn(n, 60 + T), R = randn(B * T * C, 90 + T);
+      std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size());
+      ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+      std::vector<float> out_b(out.size()), lse(B * NH * T), dqkv_b(qkv.size());
+      ops->attention_forward_blocked(out_b.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+      ops->attention_backward_blocked(dqkv_b.data(), R.data(), qkv.data(), out_b.data(),
+                                      lse.data(), B, T, C, NH, NKV);
+      for (std::size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out_b[i], out[i], 2e-6f * (1.0f + std::fabs(out[i]))) << "out " << i;
+      for (std::size_t i = 0; i < dqkv.size(); ++i)
+        ASSERT_NEAR(dqkv_b[i], dqkv[i], 2e-5f * (1.0f + std::fabs(dqkv[i]))) << "dqkv " << i;
+    }
 }
 
 TEST_F(OpsGradTest, EmbeddingWithRepeatedTokens) {

@@ -168,40 +168,46 @@ TEST_F(OpsTest, GeluMatchesTanhFormula) {
   EXPECT_NEAR(d[3], 0.5f, 1e-7);
 }
 
+// Multi-head (NKV = NH) and grouped-query attention (NKV = 1) against the double
+// reference.
 TEST_F(OpsTest, AttentionMatchesReferenceAcrossRowBlocks) {
-  const int B = 2, T = 150, C = 16, NH = 2;
-  const std::vector<float> qkv = randn(B * T * 3 * C, 20), dout = randn(B * T * C, 21);
-  std::vector<float> out(B * T * C), att(B * NH * T * T, 7.0f);
-  ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  std::vector<double> rout, ratt;
-  testing::reference_attention(rout, ratt, qkv, B, T, C, NH);
-  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], rout[i], 1e-5) << i;
-  for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], ratt[i], 1e-6) << i;
-  for (int bh = 0; bh < B * NH; ++bh)
-    for (int t = 0; t < T; ++t) {
-      double row = 0;
-      for (int j = 0; j < T; ++j) {
-        const float a = att[(std::size_t(bh) * T + t) * T + j];
-        if (j > t) {
-          ASSERT_EQ(a, 0.0f) << "above the diagonal";
+  for (int NKV : {2, 1}) {
+    const int B = 2, T = 150, C = 16, NH = 2, W = C + 2 * (C / NH) * NKV;
+    SCOPED_TRACE("NKV " + std::to_string(NKV));
+    const std::vector<float> qkv = randn(B * T * W, 20), dout = randn(B * T * C, 21);
+    std::vector<float> out(B * T * C), att(B * NH * T * T, 7.0f);
+    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+    std::vector<double> rout, ratt;
+    testing::reference_attention(rout, ratt, qkv, B, T, C, NH, NKV);
+    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], rout[i], 1e-5) << i;
+    for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], ratt[i], 1e-6) << i;
+    for (int bh = 0; bh < B * NH; ++bh)
+      for (int t = 0; t < T; ++t) {
+        double row = 0;
+        for (int j = 0; j < T; ++j) {
+          const float a = att[(std::size_t(bh) * T + t) * T + j];
+          if (j > t) {
+            ASSERT_EQ(a, 0.0f) << "above the diagonal";
+          }
+          row += a;
         }
-        row += a;
+        ASSERT_NEAR(row, 1.0, 1e-5);
       }
-      ASSERT_NEAR(row, 1.0, 1e-5);
-    }
-  std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
-  ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-  const std::vector<double> ref = testing::reference_attention_backward(qkv, dout, B, T, C, NH);
-  for (std::size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], ref[i], 1e-4) << i;
+    std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+    ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+    const std::vector<double> ref =
+        testing::reference_attention_backward(qkv, dout, B, T, C, NH, NKV);
+    for (std::size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], ref[i], 1e-4) << i;
+  }
 }
 
 TEST_F(OpsTest, AttentionIsCausal) {
   const int B = 1, T = 9, C = 8, NH = 2, changed = 4;
   std::vector<float> qkv = randn(B * T * 3 * C, 22);
   std::vector<float> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
-  ops->attention_forward(out1.data(), att.data(), qkv.data(), B, T, C, NH);
+  ops->attention_forward(out1.data(), att.data(), qkv.data(), B, T, C, NH, NH);
   for (int c = C; c < 3 * C; ++c) qkv[changed * 3 * C + c] += 1.5f;  // token 4's k and v
-  ops->attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH);
+  ops->attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH, NH);
   for (int t = 0; t < T; ++t) {
     bool same = std::memcmp(&out1[t * C], &out2[t * C], C * sizeof(float)) == 0;
     EXPECT_EQ(same, t < changed) << "row " << t;
@@ -281,8 +287,8 @@ TEST(OpsDeterminism, RepeatedCallsAreBitIdentical) {
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size()), losses(B * T),
         dl(logits.size()), w(C * C, 0.0f), g(C * C);
-    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
+    ops->attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NH);
     ops->cross_entropy(losses.data(), dl.data(), logits.data(), targets.data(), B * T, V, Vp, 1.0f);
     ops->gemm(true, false, C, C, B * T, 1.0f, out.data(), dout.data(), 0.0f, g.data());
     std::vector<float> all;
@@ -369,20 +375,25 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
     out.emplace_back("gelu_backward", dg);
     out.emplace_back("add", sum);
 
-    for (bool blocked : {false, true}) {
-      std::vector<float> o(N * C), state(blocked ? B * NH * T : B * NH * T * T);
-      std::vector<float> dqkv(qkv.size(), 0.0f);
-      if (blocked) {
-        ops.attention_forward_blocked(o.data(), state.data(), qkv.data(), B, T, C, NH);
-        ops.attention_backward_blocked(dqkv.data(), y.data(), qkv.data(), o.data(), state.data(),
-                                       B, T, C, NH);
-      } else {
-        ops.attention_forward(o.data(), state.data(), qkv.data(), B, T, C, NH);
-        ops.attention_backward(dqkv.data(), y.data(), qkv.data(), state.data(), B, T, C, NH);
+    // Multi-head and grouped-query (two key/value heads: qkv's first N * 2C elements).
+    for (int NKV : {NH, 2})
+      for (bool blocked : {false, true}) {
+        std::vector<float> o(N * C), state(blocked ? B * NH * T : B * NH * T * T);
+        std::vector<float> dqkv(std::size_t(N) * (C + 2 * (C / NH) * NKV), 0.0f);
+        if (blocked) {
+          ops.attention_forward_blocked(o.data(), state.data(), qkv.data(), B, T, C, NH, NKV);
+          ops.attention_backward_blocked(dqkv.data(), y.data(), qkv.data(), o.data(),
+                                         state.data(), B, T, C, NH, NKV);
+        } else {
+          ops.attention_forward(o.data(), state.data(), qkv.data(), B, T, C, NH, NKV);
+          ops.attention_backward(dqkv.data(), y.data(), qkv.data(), state.data(), B, T, C, NH,
+                                 NKV);
+        }
+        const std::string kv = " NKV " + std::to_string(NKV);
+        out.emplace_back((blocked ? "attention_forward_blocked" : "attention_forward") + kv, o);
+        out.emplace_back((blocked ? "attention_backward_blocked" : "attention_backward") + kv,
+                         dqkv);
       }
-      out.emplace_back(blocked ? "attention_forward_blocked" : "attention_forward", o);
-      out.emplace_back(blocked ? "attention_backward_blocked" : "attention_backward", dqkv);
-    }
 
     std::vector<float> losses(N), dlogits(logits.size());
     ops.cross_entropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, Vp,

@@ -84,15 +84,26 @@ inline GradReport check_gradient(std::vector<float>& x, const std::vector<float>
   return rep;
 }
 
-// Causal attention in double: out[B,T,C] and att[B,NH,T,T] from qkv[B,T,3C].
+// Index of element i of query head h's q (part 0), k (part 1) or v (part 2) at row
+// (b, t) of qkv[B,T,W]: NH query heads, then NKV key and NKV value heads, of C/NH each;
+// query head h uses key/value head h / (NH/NKV).
+inline std::size_t qkv_index(int b, int t, int part, int h, int i, int T, int C, int NH,
+                             int NKV) {
+  const int hs = C / NH, Ckv = NKV * hs;
+  const std::size_t row = (static_cast<std::size_t>(b) * T + t) * (C + 2 * Ckv);
+  const int kvh = h / (NH / NKV);
+  return row + (part == 0 ? h * hs : C + (part - 1) * Ckv + kvh * hs) + i;
+}
+
+// Causal attention in double: out[B,T,C] and att[B,NH,T,T] from qkv[B,T,W] (qkv_index).
 inline void reference_attention(std::vector<double>& out, std::vector<double>& att,
-                                const std::vector<float>& qkv, int B, int T, int C, int NH) {
+                                const std::vector<float>& qkv, int B, int T, int C, int NH,
+                                int NKV) {
   const int hs = C / NH;
   out.assign(static_cast<std::size_t>(B) * T * C, 0.0);
   att.assign(static_cast<std::size_t>(B) * NH * T * T, 0.0);
   auto at = [&](int b, int t, int part, int h, int i) {
-    return static_cast<double>(
-        qkv[(static_cast<std::size_t>(b) * T + t) * 3 * C + part * C + h * hs + i]);
+    return static_cast<double>(qkv[qkv_index(b, t, part, h, i, T, C, NH, NKV)]);
   };
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
@@ -117,16 +128,17 @@ inline void reference_attention(std::vector<double>& out, std::vector<double>& a
 }
 
 // Gradient of sum(out * dout) w.r.t. qkv, in double, by the chain rule written out
-// element by element (independent of the GEMM formulation in the backend).
+// element by element (independent of the GEMM formulation in the backend); a key/value
+// head collects from every query head that uses it.
 inline std::vector<double> reference_attention_backward(const std::vector<float>& qkv,
                                                         const std::vector<float>& dout, int B,
-                                                        int T, int C, int NH) {
+                                                        int T, int C, int NH, int NKV) {
   const int hs = C / NH;
   std::vector<double> out, att;
-  reference_attention(out, att, qkv, B, T, C, NH);
+  reference_attention(out, att, qkv, B, T, C, NH, NKV);
   std::vector<double> dqkv(qkv.size(), 0.0);
   auto idx = [&](int b, int t, int part, int h, int i) {
-    return (static_cast<std::size_t>(b) * T + t) * 3 * C + part * C + h * hs + i;
+    return qkv_index(b, t, part, h, i, T, C, NH, NKV);
   };
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   for (int b = 0; b < B; ++b)

@@ -16,7 +16,8 @@ layer and ZeRO-1). Sequence parallelism runs in
 every tensor-parallel layout and schedule, with and without recomputation, and must give
 that layout's losses and gradient norms within 1e-6 relative at every step (only sums are
 reordered); its checkpoints resume without it and the other way round.
-Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...]
+Usage: layout_equivalence.py PPTRAIN CONFIG WORKDIR [NAME ...] [KEY=VALUE ...]
+(KEY=VALUE: a setting for every run, after the model's below.)
 """
 import json
 import os
@@ -170,7 +171,8 @@ def rel(a, b):
 
 def main():
     pptrain, config, work = sys.argv[1:4]
-    names = sys.argv[4:] or list(LAYOUTS)
+    MODEL.extend(a for a in sys.argv[4:] if "=" in a)
+    names = [a for a in sys.argv[4:] if "=" not in a] or list(LAYOUTS)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     singles = {4: run(pptrain, config, work, "single", 1, 1, 1, 4, [])}

@@ -1,10 +1,13 @@
-// CPU backend: causal multi-head self-attention, forward and backward.
-// Each (batch, head) runs as a few OpenBLAS GEMMs that read q, k and v in place from
-// qkv[B,T,3C] (leading dimension 3C) and write out[B,T,C] (leading dimension C).
+// CPU backend: causal self-attention with grouped key/value heads, forward and backward.
+// Each (batch, query head) runs as a few OpenBLAS GEMMs that read q, k and v in place
+// from qkv rows of W = C + 2*Ckv elements (leading dimension W) and write out[B,T,C]
+// (leading dimension C); query head h reads key/value head h / (NH/NKV).
 // Rows go in blocks of kAttentionRowBlock; a block only meets key columns up to its
-// last row, so most of the masked upper triangle is never computed. The (batch, head)
-// pairs are split over the OpenMP threads (the GEMMs inside then run on one thread);
-// each pair writes only its own outputs, so nothing depends on the thread count.
+// last row, so most of the masked upper triangle is never computed. The forward splits
+// the (batch, query head) pairs over the OpenMP threads, the backward the (batch,
+// key/value head) pairs, each looping over its group's query heads in order (the GEMMs
+// inside run on one thread); each pair writes only its own outputs, so nothing depends
+// on the thread count.
 #include <cblas.h>
 #include <omp.h>
 
@@ -37,96 +40,100 @@ void causal_softmax_row(float* row, int t, int T) {
   std::fill(row + n, row + T, 0.0f);
 }
 
-void check_shape(int B, int T, int C, int NH) {
-  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0, "attention: non-positive size");
-  PPTRAIN_CHECK(C % NH == 0, "attention: C must be a multiple of NH");
-}
-
 }  // namespace
 
+AttentionLayout attention_layout(int B, int T, int C, int NH, int NKV) {
+  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && NKV > 0, "attention: non-positive size");
+  PPTRAIN_CHECK(C % NH == 0, "attention: C must be a multiple of NH");
+  PPTRAIN_CHECK(NH % NKV == 0, "attention: NH must be a multiple of NKV");
+  const int hs = C / NH, Ckv = NKV * hs;
+  return {hs, C, Ckv, C + 2 * Ckv, NH / NKV};
+}
+
 void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
-                               int NH) {
-  check_shape(B, T, C, NH);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                               int NH, int NKV) {
+  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
+  const int hs = L.hs, W = L.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
-    const float* q =
-        qkv + static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
+    const float* rows = qkv + static_cast<std::size_t>(b) * T * W;
+    const float* q = rows + static_cast<std::size_t>(h) * hs;
+    const float* k = rows + L.k_offset(h / L.group);
+    const float* v = rows + L.v_offset(h / L.group);
+    float* a = att + static_cast<std::size_t>(bh) * T * T;
     float* o = out + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
     for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
       const int r1 = std::min(T, r0 + kAttentionRowBlock);
       float* a_rows = a + static_cast<std::size_t>(r0) * T;
       // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
-      sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * C3, C3, k, C3,
+      sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * W, W, k, W,
             0.0f, a_rows, T);
       for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<std::size_t>(t) * T, t, T);
       // out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
-      sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, C3, 0.0f,
+      sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, W, 0.0f,
             o + static_cast<std::size_t>(r0) * C, C);
     }
   }
 }
 
 void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                                int B, int T, int C, int NH) {
-  check_shape(B, T, C, NH);
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                                int B, int T, int C, int NH, int NKV) {
+  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
+  const int hs = L.hs, W = L.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // dpre[T,T], one per thread: gradient w.r.t. the scaled scores q k^T (before the softmax).
   const std::size_t TT = static_cast<std::size_t>(T) * T;
   float* dpre_all = float_scratch(TT * static_cast<std::size_t>(omp_get_max_threads()));
 #pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
+  for (int bkv = 0; bkv < B * NKV; ++bkv) {
+    const int b = bkv / NKV, kvh = bkv % NKV;
     float* dpre = dpre_all + TT * static_cast<std::size_t>(omp_get_thread_num());
-    const std::size_t head =
-        static_cast<std::size_t>(b) * T * C3 + static_cast<std::size_t>(h) * hs;
-    const float* q = qkv + head;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + head;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* a = att + (static_cast<std::size_t>(b) * NH + h) * T * T;
-    const float* d =
-        dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
-    for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
-      const int r1 = std::min(T, r0 + kAttentionRowBlock);
-      float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
-      // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
-      sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, C3,
-            0.0f, p_rows, T);
-      // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
-      for (int t = r0; t < r1; ++t) {
-        float* p = dpre + static_cast<std::size_t>(t) * T;
-        const float* arow = a + static_cast<std::size_t>(t) * T;
-        const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
-        for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
-        std::fill(p + t + 1, p + T, 0.0f);
+    const std::size_t rows = static_cast<std::size_t>(b) * T * W;
+    const float* k = qkv + rows + L.k_offset(kvh);
+    const float* v = qkv + rows + L.v_offset(kvh);
+    float* dk = dqkv + rows + L.k_offset(kvh);
+    float* dv = dqkv + rows + L.v_offset(kvh);
+    // The group's query heads in order; the first overwrites dk and dv, the others add.
+    for (int h = kvh * L.group; h < (kvh + 1) * L.group; ++h) {
+      const float beta = h == kvh * L.group ? 0.0f : 1.0f;
+      const std::size_t head = static_cast<std::size_t>(h) * hs;
+      const float* q = qkv + rows + head;
+      float* dq = dqkv + rows + head;
+      const float* a = att + (static_cast<std::size_t>(b) * NH + h) * TT;
+      const float* d = dout + static_cast<std::size_t>(b) * T * C + head;
+      for (int r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
+        const int r1 = std::min(T, r0 + kAttentionRowBlock);
+        float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
+        // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
+        sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, W,
+              0.0f, p_rows, T);
+        // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
+        for (int t = r0; t < r1; ++t) {
+          float* p = dpre + static_cast<std::size_t>(t) * T;
+          const float* arow = a + static_cast<std::size_t>(t) * T;
+          const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
+          for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
+          std::fill(p + t + 1, p + T, 0.0f);
+        }
+        // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
+        sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, W, 0.0f,
+              dq + static_cast<std::size_t>(r0) * W, W);
       }
-      // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
-      sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, C3, 0.0f,
-            dq + static_cast<std::size_t>(r0) * C3, C3);
-    }
-    // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
-    // att are zero above the diagonal):
-    // dk[c0:c1] = dpre[c0:T, c0:c1]^T @ q[c0:T], dv[c0:c1] = att[c0:T, c0:c1]^T @ dout[c0:T].
-    for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
-      const int c1 = std::min(T, c0 + kAttentionRowBlock);
-      const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
-      sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
-            q + static_cast<std::size_t>(c0) * C3, C3, 0.0f,
-            dk + static_cast<std::size_t>(c0) * C3, C3);
-      sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
-            d + static_cast<std::size_t>(c0) * C, C, 0.0f, dv + static_cast<std::size_t>(c0) * C3,
-            C3);
+      // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
+      // att are zero above the diagonal):
+      // dk[c0:c1] += dpre[c0:T, c0:c1]^T @ q[c0:T], dv[c0:c1] += att[c0:T, c0:c1]^T @ dout[c0:T].
+      for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
+        const int c1 = std::min(T, c0 + kAttentionRowBlock);
+        const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
+        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
+              q + static_cast<std::size_t>(c0) * W, W, beta,
+              dk + static_cast<std::size_t>(c0) * W, W);
+        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
+              d + static_cast<std::size_t>(c0) * C, C, beta,
+              dv + static_cast<std::size_t>(c0) * W, W);
+      }
     }
   }
 }

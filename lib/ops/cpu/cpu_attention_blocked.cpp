@@ -1,9 +1,10 @@
 // CPU backend: causal attention in blocks (flash-style), keeping no T x T probabilities.
 // The forward runs over key blocks with a running maximum and sum (online softmax) and
 // saves only each row's log-sum-exp; the backward recomputes each block's probabilities
-// from it. Blocks of kAttentionRowBlock rows and columns, in a fixed order; the
-// (batch, head) pairs are split over the OpenMP threads, so nothing depends on the
-// thread count. Selected by train.attention: fused on the CPU.
+// from it. Blocks of kAttentionRowBlock rows and columns, in a fixed order. The forward
+// splits the (batch, query head) pairs over the OpenMP threads; the backward splits the
+// (batch, key/value head) pairs, each running its group's query heads in order, so
+// nothing depends on the thread count. Selected by train.attention: fused on the CPU.
 #include <cblas.h>
 #include <omp.h>
 
@@ -28,7 +29,8 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// The pointers of one (batch, head): q, k and v rows have stride 3C, out rows stride C.
+// The pointers of one (batch, query head): q, k and v rows have stride W, out rows
+// stride C.
 struct Head {
   const float* q;
   const float* k;
@@ -36,9 +38,12 @@ struct Head {
   std::size_t out_offset;  // of row 0 in out/dout
 };
 
-Head head_of(const float* qkv, int b, int h, int T, int C, int hs) {
-  const float* q = qkv + static_cast<std::size_t>(b) * T * 3 * C + static_cast<std::size_t>(h) * hs;
-  return {q, q + C, q + 2 * C, static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs};
+Head head_of(const float* qkv, int b, int h, int T, const AttentionLayout& L) {
+  const float* rows = qkv + static_cast<std::size_t>(b) * T * L.W;  // batch b's
+  const int kvh = h / L.group;
+  return {rows + static_cast<std::size_t>(h) * L.hs, rows + L.k_offset(kvh),
+          rows + L.v_offset(kvh),
+          static_cast<std::size_t>(b) * T * L.C + static_cast<std::size_t>(h) * L.hs};
 }
 
 // Per-thread scratch of the blocked kernels: three R x R tiles and R x hs accumulators.
@@ -48,18 +53,15 @@ struct Tiles {
   float* acc; // R x hs
 };
 
-// Runs body(bh, head, tiles, extra) for every (batch, head) pair bh on the OpenMP
-// threads; each thread's slice of `scratch` (per_thread floats) holds its tiles and then
-// `extra`, the rest of the slice.
+// Runs body(i, tiles, extra) for i in [0, n) on the OpenMP threads; each thread's slice
+// of `scratch` (per_thread floats) holds its tiles and then `extra`, the rest of the slice.
 template <typename Body>
-void for_each_head(float* scratch, std::size_t per_thread, std::size_t tile_floats,
-                   const float* qkv, int B, int T, int C, int NH, Body body) {
-  const int hs = C / NH;
+void for_each_tiled(float* scratch, std::size_t per_thread, std::size_t tile_floats, int n,
+                    Body body) {
 #pragma omp parallel for schedule(static)
-  for (int bh = 0; bh < B * NH; ++bh) {
+  for (int i = 0; i < n; ++i) {
     float* base = scratch + per_thread * static_cast<std::size_t>(omp_get_thread_num());
-    body(bh, head_of(qkv, bh / NH, bh % NH, T, C, hs), Tiles{base, base + R * R, base + 2 * R * R},
-         base + tile_floats);
+    body(i, Tiles{base, base + R * R, base + 2 * R * R}, base + tile_floats);
   }
 }
 
@@ -68,14 +70,15 @@ void for_each_head(float* scratch, std::size_t per_thread, std::size_t tile_floa
 std::size_t CpuOps::blocked_tile_floats(int hs) { return std::size_t(2) * R * R + std::size_t(R) * hs; }
 
 void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv, int B, int T,
-                                       int C, int NH) {
-  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0, "attention: bad shape");
-  const int hs = C / NH, C3 = 3 * C;
+                                       int C, int NH, int NKV) {
+  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
+  const int hs = L.hs, W = L.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
-  for_each_head(scratch, per_thread, per_thread, qkv, B, T, C, NH,
-                [&](int bh, const Head& hd, const Tiles& t, float* /*extra*/) {
+  for_each_tiled(scratch, per_thread, per_thread, B * NH,
+                 [&](int bh, const Tiles& t, float* /*extra*/) {
+    const Head hd = head_of(qkv, bh / NH, bh % NH, T, L);
     float* row_lse = lse + static_cast<std::size_t>(bh) * T;
     for (int r0 = 0; r0 < T; r0 += R) {
       const int r1 = std::min(T, r0 + R), rows = r1 - r0;
@@ -86,8 +89,8 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
       std::fill(t.acc, t.acc + static_cast<std::size_t>(rows) * hs, 0.0f);
       for (int c0 = 0; c0 < r1; c0 += R) {
         const int c1 = std::min(r1, c0 + R), cols = c1 - c0;
-        sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * C3, C3,
-              hd.k + static_cast<std::size_t>(c0) * C3, C3, 0.0f, t.s, R);
+        sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
+              hd.k + static_cast<std::size_t>(c0) * W, W, 0.0f, t.s, R);
         for (int i = 0; i < rows; ++i) {
           float* s = t.s + static_cast<std::size_t>(i) * R;
           const int valid = std::min(cols, r0 + i - c0 + 1);  // causal: keys up to row r0 + i
@@ -102,8 +105,8 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
           for (int d = 0; d < hs; ++d) a[d] *= rescale;
         }
         // acc += p @ v[c0:c1]
-        sgemm(false, false, rows, hs, cols, 1.0f, t.s, R, hd.v + static_cast<std::size_t>(c0) * C3,
-              C3, 1.0f, t.acc, hs);
+        sgemm(false, false, rows, hs, cols, 1.0f, t.s, R,
+              hd.v + static_cast<std::size_t>(c0) * W, W, 1.0f, t.acc, hs);
       }
       for (int i = 0; i < rows; ++i) {
         const float inv = static_cast<float>(1.0 / row_sum[i]);
@@ -118,59 +121,68 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
 
 void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
                                         const float* out, const float* lse, int B, int T, int C,
-                                        int NH) {
-  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0, "attention: bad shape");
-  const int hs = C / NH, C3 = 3 * C;
+                                        int NH, int NKV) {
+  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
+  const int hs = L.hs, W = L.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs) + static_cast<std::size_t>(T);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
-  // extra: delta[t] = dout[t] . out[t]
-  for_each_head(scratch, per_thread, blocked_tile_floats(hs), qkv, B, T, C, NH,
-                [&](int bh, const Head& hd, const Tiles& t, float* delta) {
-    const float* row_lse = lse + static_cast<std::size_t>(bh) * T;
-    const float* d_head = dout + hd.out_offset;
-    const float* o_head = out + hd.out_offset;
-    float* dq = dqkv + (hd.q - qkv);
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
+  // extra: delta[t] = dout[t] . out[t] of the current query head
+  for_each_tiled(scratch, per_thread, blocked_tile_floats(hs), B * NKV,
+                 [&](int bkv, const Tiles& t, float* delta) {
+    const int b = bkv / NKV, kvh = bkv % NKV;
+    const std::size_t base = static_cast<std::size_t>(b) * T * W;  // batch b's first row
+    float* dk = dqkv + base + L.k_offset(kvh);
+    float* dv = dqkv + base + L.v_offset(kvh);
     for (int r = 0; r < T; ++r) {
-      delta[r] = static_cast<float>(cpu::row_dot(d_head + static_cast<std::size_t>(r) * C,
-                                                 o_head + static_cast<std::size_t>(r) * C, hs));
-      for (int d = 0; d < hs; ++d) {
-        const std::size_t at = static_cast<std::size_t>(r) * C3 + d;
-        dq[at] = dk[at] = dv[at] = 0.0f;
-      }
+      const std::size_t at = static_cast<std::size_t>(r) * W;
+      std::fill(dk + at, dk + at + hs, 0.0f);
+      std::fill(dv + at, dv + at + hs, 0.0f);
     }
-    // Query blocks in order; within one, key blocks in order: every dk/dv row receives its
-    // contributions in the same sequence on any thread count.
-    for (int r0 = 0; r0 < T; r0 += R) {
-      const int r1 = std::min(T, r0 + R), rows = r1 - r0;
-      for (int c0 = 0; c0 < r1; c0 += R) {
-        const int c1 = std::min(r1, c0 + R), cols = c1 - c0;
-        // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
-        sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * C3, C3,
-              hd.k + static_cast<std::size_t>(c0) * C3, C3, 0.0f, t.s, R);
-        sgemm(false, true, rows, cols, hs, 1.0f, d_head + static_cast<std::size_t>(r0) * C, C,
-              hd.v + static_cast<std::size_t>(c0) * C3, C3, 0.0f, t.dp, R);
-        for (int i = 0; i < rows; ++i) {
-          float* p = t.s + static_cast<std::size_t>(i) * R;
-          float* g = t.dp + static_cast<std::size_t>(i) * R;
-          const int valid = std::min(cols, r0 + i - c0 + 1);
-          const float l = row_lse[r0 + i], dlt = delta[r0 + i];
-          for (int j = 0; j < valid; ++j) {
-            p[j] = cpu::exp_nonpositive(std::min(p[j] - l, 0.0f));
-            g[j] = scale * p[j] * (g[j] - dlt);  // gradient w.r.t. q . k
+    // The group's query heads in order; within one, query blocks in order, and within
+    // one of those key blocks in order: every dk/dv row receives its contributions in
+    // the same sequence on any thread count.
+    for (int h = kvh * L.group; h < (kvh + 1) * L.group; ++h) {
+      const Head hd = head_of(qkv, b, h, T, L);
+      const float* row_lse = lse + (static_cast<std::size_t>(b) * NH + h) * T;
+      const float* d_head = dout + hd.out_offset;
+      const float* o_head = out + hd.out_offset;
+      float* dq = dqkv + (hd.q - qkv);
+      for (int r = 0; r < T; ++r) {
+        const std::size_t at = static_cast<std::size_t>(r) * C;
+        delta[r] = static_cast<float>(cpu::row_dot(d_head + at, o_head + at, hs));
+        std::fill(dq + static_cast<std::size_t>(r) * W, dq + static_cast<std::size_t>(r) * W + hs,
+                  0.0f);
+      }
+      for (int r0 = 0; r0 < T; r0 += R) {
+        const int r1 = std::min(T, r0 + R), rows = r1 - r0;
+        const float* q_rows = hd.q + static_cast<std::size_t>(r0) * W;
+        const float* d_rows = d_head + static_cast<std::size_t>(r0) * C;
+        for (int c0 = 0; c0 < r1; c0 += R) {
+          const int c1 = std::min(r1, c0 + R), cols = c1 - c0;
+          const std::size_t key_rows = static_cast<std::size_t>(c0) * W;
+          // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
+          sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, W, 0.0f, t.s, R);
+          sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, W, 0.0f, t.dp, R);
+          for (int i = 0; i < rows; ++i) {
+            float* p = t.s + static_cast<std::size_t>(i) * R;
+            float* g = t.dp + static_cast<std::size_t>(i) * R;
+            const int valid = std::min(cols, r0 + i - c0 + 1);
+            const float l = row_lse[r0 + i], dlt = delta[r0 + i];
+            for (int j = 0; j < valid; ++j) {
+              p[j] = cpu::exp_nonpositive(std::min(p[j] - l, 0.0f));
+              g[j] = scale * p[j] * (g[j] - dlt);  // gradient w.r.t. q . k
+            }
+            std::fill(p + valid, p + cols, 0.0f);
+            std::fill(g + valid, g + cols, 0.0f);
           }
-          std::fill(p + valid, p + cols, 0.0f);
-          std::fill(g + valid, g + cols, 0.0f);
+          // dq[r0:r1] += g @ k[c0:c1]; dk[c0:c1] += g^T @ q[r0:r1];
+          // dv[c0:c1] += p^T @ dout[r0:r1]
+          sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, W, 1.0f,
+                dq + static_cast<std::size_t>(r0) * W, W);
+          sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, q_rows, W, 1.0f, dk + key_rows, W);
+          sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_rows, C, 1.0f, dv + key_rows, W);
         }
-        // dq[r0:r1] += g @ k[c0:c1]; dk[c0:c1] += g^T @ q[r0:r1]; dv[c0:c1] += p^T @ dout[r0:r1]
-        sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + static_cast<std::size_t>(c0) * C3,
-              C3, 1.0f, dq + static_cast<std::size_t>(r0) * C3, C3);
-        sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, hd.q + static_cast<std::size_t>(r0) * C3,
-              C3, 1.0f, dk + static_cast<std::size_t>(c0) * C3, C3);
-        sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_head + static_cast<std::size_t>(r0) * C, C,
-              1.0f, dv + static_cast<std::size_t>(c0) * C3, C3);
       }
     }
   });

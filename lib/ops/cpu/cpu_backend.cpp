@@ -177,18 +177,20 @@ void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_a
 std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {
   return ops::attention_state_bytes(blocked_attention_, DType::F32, B, T, NH);
 }
-void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH) {
+void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH,
+                               int NKV) {
   if (blocked_attention_)
-    return attention_forward_blocked(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH);
-  attention_forward(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH);
+    return attention_forward_blocked(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH, NKV);
+  attention_forward(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH, NKV);
 }
 // The saved probabilities suffice for the unblocked form; the blocked one needs `out`.
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
-                                const void* state, int B, int T, int C, int NH) {
+                                const void* state, int B, int T, int C, int NH, int NKV) {
   if (blocked_attention_)
     return attention_backward_blocked(f(dqkv), f(dout), f(qkv), f(out),
-                                      static_cast<const float*>(state), B, T, C, NH);
-  attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH);
+                                      static_cast<const float*>(state), B, T, C, NH, NKV);
+  attention_backward(f(dqkv), f(dout), f(qkv), static_cast<const float*>(state), B, T, C, NH,
+                     NKV);
 }
 
 void CpuOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,

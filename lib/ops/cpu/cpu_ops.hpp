@@ -234,10 +234,10 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   std::vector<double> take_marks() override;
   // The attention kernel is chosen by blocked_attention; its state is not an Act array.
   std::size_t attention_state_bytes(int B, int T, int NH) const override;
-  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                         int NH) override;
+  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH,
+                         int NKV) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
-                          const void* state, int B, int T, int C, int NH) override;
+                          const void* state, int B, int T, int C, int NH, int NKV) override;
   // The fp32 overload below: bias and GELU fused into each GEMM tile.
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                       int N, int Cin, int Cout) override;
@@ -279,15 +279,17 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up, int N, int F);
   void rope(float* x, int N, int T, int stride, int heads, int head_size, float theta,
             bool inverse);
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                         int NKV);
   // The blocked (flash-style) form: `lse` [B,NH,T] is each row's log-sum-exp instead of
   // the probabilities (cpu_attention_blocked.cpp).
   void attention_forward_blocked(float* out, float* lse, const float* qkv, int B, int T, int C,
-                                 int NH);
+                                 int NH, int NKV);
   void attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
-                                  const float* out, const float* lse, int B, int T, int C, int NH);
+                                  const float* out, const float* lse, int B, int T, int C, int NH,
+                                  int NKV);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                          int B, int T, int C, int NH);
+                          int B, int T, int C, int NH, int NKV);
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
                          int vocab_rows, const float* wpe, int B, int T, int C);
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
@@ -325,5 +327,17 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
 // Rows per block in the causal attention GEMMs: a row block only meets the key
 // columns up to its own last row, which skips most of the masked upper triangle.
 inline constexpr int kAttentionRowBlock = 64;
+
+// The qkv rows of the attention ops: NH query heads of hs = C/NH (C elements), then NKV
+// key heads and NKV value heads of hs (Ckv elements each); W = C + 2*Ckv elements in all.
+// Query head h uses key/value head h / group, group = NH/NKV.
+struct AttentionLayout {
+  int hs, C, Ckv, W, group;
+  // Where key/value head kvh's k and v start in a row.
+  std::size_t k_offset(int kvh) const { return std::size_t(C) + std::size_t(kvh) * hs; }
+  std::size_t v_offset(int kvh) const { return k_offset(kvh) + std::size_t(Ckv); }
+};
+// The layout of shape (B, T, C, NH, NKV); throws on a bad shape (cpu_attention.cpp).
+AttentionLayout attention_layout(int B, int T, int C, int NH, int NKV);
 
 }  // namespace pptrain::ops

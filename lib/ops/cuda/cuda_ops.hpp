@@ -116,10 +116,10 @@ class CudaOps final : public Ops {
   void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
 
   std::size_t attention_state_bytes(int B, int T, int NH) const override;
-  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                         int NH) override;
+  void attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C, int NH,
+                         int NKV) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
-                          const void* state, int B, int T, int C, int NH) override;
+                          const void* state, int B, int T, int C, int NH, int NKV) override;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
                          int vocab_rows, const Act* wpe, int B, int T, int C) override;
@@ -150,12 +150,12 @@ class CudaOps final : public Ops {
   cudaStream_t stream() const { return stream_.get(); }
   // True when attention uses the fused kernels' state (the rows' logsumexp).
   bool flash_active() const { return flash_attention_ && dtype_ == DType::BF16; }
-  // The unfused attention's pieces (cuda_ops_attention.cpp): q, k, v split into heads
-  // and att = causal softmax of the scaled scores; and the backward from there.
+  // The unfused attention's pieces (cuda_ops_attention.cpp): q, k, v split into NH heads
+  // each and att = causal softmax of the scaled scores; and the backward from there.
   void attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T, int NH,
-                       int hs);
+                       int NKV, int hs);
   void attention_unfused_backward(Act* dqkv, const Act* dout, const Act* att, Act* q, Act* k,
-                                  Act* v, Act* ws, int B, int T, int NH, int hs);
+                                  Act* v, Act* ws, int B, int T, int NH, int NKV, int hs);
   // At least `bytes` of scratch device memory, valid until the next call (grow-only;
   // each op asks once, before queuing work on it).
   void* workspace(std::size_t bytes);

@@ -1,18 +1,21 @@
-// CUDA backend: causal self-attention. Two implementations:
+// CUDA backend: causal self-attention with grouped key/value heads. Two implementations:
 //
 // Unfused (the default, and always in fp32): heads are split into [B*NH, T, hs]
-// arrays, the two products per direction are strided batched cuBLASLt GEMMs over the
-// B*NH heads, and the causal softmax is a kernel. The saved state is the [B*NH, T, T]
-// softmax probabilities in the compute dtype. The scale 1/sqrt(hs) is applied once,
-// inside the softmax (forward) and its backward (which returns d(raw scores)).
+// arrays (k and v repeated for each query head of a key/value head's group, their
+// gradients summed back over it), the two products per direction are strided batched
+// cuBLASLt GEMMs over the B*NH heads, and the causal softmax is a kernel. The saved
+// state is the [B*NH, T, T] softmax probabilities in the compute dtype. The scale
+// 1/sqrt(hs) is applied once, inside the softmax (forward) and its backward (which
+// returns d(raw scores)).
 //
 // Fused (flash_attention on and bf16 compute): the kernels of flash_attention.hpp,
 // reading qkv and writing out in place; the state is the rows' logsumexp, fp32
-// [B, NH, T], and the backward also reads the forward's out. Head sizes they do not handle (other than 16, 32, 64, 128, or a device
-// without the shared memory they need) take the unfused path with the probabilities
-// in workspace, recomputed by the backward, since the state is sized for the fused
-// kernels (attention_state_bytes does not see the head size). The choice depends only
-// on the head size and the device, so forward and backward always agree.
+// [B, NH, T], and the backward also reads the forward's out. Head sizes they do not
+// handle (other than 16, 32, 64, 128, or a device without the shared memory they need)
+// take the unfused path with the probabilities in workspace, recomputed by the
+// backward, since the state is sized for the fused kernels (attention_state_bytes does
+// not see the head size). The choice depends only on the head size and the device, so
+// forward and backward always agree.
 #include <cmath>
 
 #include "core/error.hpp"
@@ -25,9 +28,10 @@ using cuda::typed;
 
 namespace {
 
-void check_shape(int B, int T, int C, int NH) {
-  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0, "attention: non-positive size");
+void check_shape(int B, int T, int C, int NH, int NKV) {
+  PPTRAIN_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && NKV > 0, "attention: non-positive size");
   PPTRAIN_CHECK(C % NH == 0, "attention: C must be a multiple of NH");
+  PPTRAIN_CHECK(NH % NKV == 0, "attention: NH must be a multiple of NKV");
 }
 
 // A product batched over the B*NH heads: C[M,N] = op(A) op(B) per head, dense
@@ -53,9 +57,9 @@ std::size_t CudaOps::attention_state_bytes(int B, int T, int NH) const {
 }
 
 void CudaOps::attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T,
-                              int NH, int hs) {
+                              int NH, int NKV, int hs) {
   const float scale = 1.0f / std::sqrt(float(hs));
-  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, hs);
+  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, NKV, hs);
   // att = q @ k^T (raw scores), then in place softmax(scale * scores) with causal mask.
   gemm_.run(head_product(false, true, T, T, hs, B * NH, dtype_), 1.0f, {q, k, att}, 0.0f,
             stream());
@@ -63,18 +67,18 @@ void CudaOps::attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, 
 }
 
 void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int T, int C,
-                                int NH) {
-  check_shape(B, T, C, NH);
+                                int NH, int NKV) {
+  check_shape(B, T, C, NH, NKV);
   const int hs = C / NH;
   if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
     cuda::flash_attention_forward(typed<cuda::bf16>(out), static_cast<float*>(state),
-                                  typed<cuda::bf16>(qkv), B, T, NH, hs, stream());
+                                  typed<cuda::bf16>(qkv), B, T, NH, NKV, hs, stream());
     return;
   }
   // Unfused; with flash on (the fallback) the probabilities go to workspace, not state.
   const bool recompute = flash_active();
   const int BH = B * NH;
-  const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y
+  const std::size_t n = std::size_t(B) * T * C;  // elements of each of q, k, v, y (NH heads)
   auto* ws = static_cast<Act*>(
       workspace(cuda_attention_scratch_bytes(false, false, recompute, dtype_, B, T, NH, hs)));
   Act* q = ws;
@@ -82,7 +86,7 @@ void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, in
   Act* v = advance(k, n, dtype_);
   Act* y = advance(v, n, dtype_);
   Act* att = recompute ? advance(y, n, dtype_) : static_cast<Act*>(state);
-  attention_probs(att, q, k, v, qkv, B, T, NH, hs);
+  attention_probs(att, q, k, v, qkv, B, T, NH, NKV, hs);
   // y = att @ v, then heads back to [B,T,C].
   gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {att, v, y}, 0.0f, stream());
   launch_typed([](auto... args) { cuda::merge_heads(args...); }, out, y, B, T, NH, hs);
@@ -90,14 +94,15 @@ void CudaOps::attention_forward(Act* out, void* state, const Act* qkv, int B, in
 
 // The unfused path does not need `out`.
 void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
-                                 const void* state, int B, int T, int C, int NH) {
-  check_shape(B, T, C, NH);
+                                 const void* state, int B, int T, int C, int NH, int NKV) {
+  check_shape(B, T, C, NH, NKV);
   const int hs = C / NH;
   if (flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_)) {
     void* ws = workspace(cuda_attention_scratch_bytes(true, true, false, dtype_, B, T, NH, hs));
     cuda::flash_attention_backward(typed<cuda::bf16>(dqkv), typed<cuda::bf16>(dout),
                                    typed<cuda::bf16>(qkv), typed<cuda::bf16>(out),
-                                   static_cast<const float*>(state), ws, B, T, NH, hs, stream());
+                                   static_cast<const float*>(state), ws, B, T, NH, NKV, hs,
+                                   stream());
     return;
   }
   const bool recompute = flash_active();  // the fallback: probabilities not in state
@@ -113,19 +118,20 @@ void CudaOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, con
   Act* rest = advance(v, n, dtype_);
   if (recompute) {
     Act* att = advance(rest, 4 * n + tt, dtype_);
-    attention_probs(att, q, k, v, qkv, B, T, NH, hs);
-    attention_unfused_backward(dqkv, dout, att, q, k, v, rest, B, T, NH, hs);
+    attention_probs(att, q, k, v, qkv, B, T, NH, NKV, hs);
+    attention_unfused_backward(dqkv, dout, att, q, k, v, rest, B, T, NH, NKV, hs);
     return;
   }
-  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, hs);
+  launch_typed([](auto... args) { cuda::split_heads(args...); }, q, k, v, qkv, B, T, NH, NKV, hs);
   attention_unfused_backward(dqkv, dout, static_cast<const Act*>(state), q, k, v, rest, B, T, NH,
-                             hs);
+                             NKV, hs);
 }
 
 // From the probabilities att and the split heads q, k, v; ws holds dy, dq, dk, dv
-// ([BH,T,hs] each) and datt [BH,T,T].
+// ([BH,T,hs] each: dk and dv per query head, summed by merge_qkv_grad) and datt [BH,T,T].
 void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* att, Act* q,
-                                         Act* k, Act* v, Act* ws, int B, int T, int NH, int hs) {
+                                         Act* k, Act* v, Act* ws, int B, int T, int NH, int NKV,
+                                         int hs) {
   const int BH = B * NH;
   const std::size_t n = std::size_t(B) * T * NH * hs;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -144,7 +150,8 @@ void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* 
   // dq = dscores @ k; dk = dscores^T @ q.
   gemm_.run(head_product(false, false, T, hs, T, BH, dtype_), 1.0f, {datt, k, dq}, 0.0f, stream());
   gemm_.run(head_product(true, false, T, hs, T, BH, dtype_), 1.0f, {datt, q, dk}, 0.0f, stream());
-  launch_typed([](auto... args) { cuda::merge_qkv_grad(args...); }, dqkv, dq, dk, dv, B, T, NH, hs);
+  launch_typed([](auto... args) { cuda::merge_qkv_grad(args...); }, dqkv, dq, dk, dv, B, T, NH,
+               NKV, hs);
 }
 
 }  // namespace pptrain::ops

@@ -1,5 +1,6 @@
-// Fused causal attention, forward (flash-attention style). One block per (batch, head)
-// and tile of kTile queries; warp w owns 16 of its query rows. For each key tile at
+// Fused causal attention, forward (flash-attention style). One block per (batch, query
+// head) and tile of kTile queries, reading the keys and values of the head's key/value
+// head; warp w owns 16 of its query rows. For each key tile at
 // or left of the diagonal (tiles wholly above it are never visited):
 //   S = Q_w K^T                      (tensor cores, fp32)
 //   online softmax per row, fp32:    m' = max(m, max_j s_j), alpha = exp(m - m'),
@@ -22,7 +23,7 @@ namespace {
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* out, float* lse, const bf16* __restrict__ qkv, int T, int NH,
-                         float scale, bool vec) {
+                         int NKV, float scale, bool vec) {
   using L = Smem<D>;
   constexpr int kLdO = L::kLdO;
   unsigned char* smem = dynamic_smem();
@@ -38,9 +39,11 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest rows go first
   const int C = NH * D;
-  const std::size_t ld = 3 * static_cast<std::size_t>(C);
-  const bf16* base = qkv + static_cast<std::size_t>(b) * T * ld + static_cast<std::size_t>(h) * D;
-  load_tile<D>(q, base, ld, q0, T, vec);
+  const QkvLayout heads{NH, NKV, D, T};
+  const std::size_t ld = heads.ld();
+  const bf16* keys = qkv + heads.k(b, heads.kv_head(h));
+  const bf16* values = qkv + heads.v(b, heads.kv_head(h));
+  load_tile<D>(q, qkv + heads.q(b, h), ld, q0, T, vec);
   for (int e = lane; e < 16 * kLdO; e += 32) o[e] = 0.0f;
 
   // Lanes 2r and 2r+1 own row r of the warp's 16: columns 2j + half.
@@ -49,8 +52,8 @@ __global__ void __launch_bounds__(kThreads)
   float m = -INFINITY, l = 0.0f;
   for (int k0 = 0; k0 <= q0; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous k, v
-    load_tile<D>(k, base + C, ld, k0, T, vec);
-    load_tile<D>(v, base + 2 * C, ld, k0, T, vec);
+    load_tile<D>(k, keys, ld, k0, T, vec);
+    load_tile<D>(v, values, ld, k0, T, vec);
     __syncthreads();
     product_abt<D>(s, q + 16 * warp * L::kLdT, k);
     __syncwarp();
@@ -108,9 +111,10 @@ bool flash_attention_supported(int hs, int max_smem) {
   return known && fits;
 }
 
-void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int hs,
-                             cudaStream_t s) {
-  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0, "flash_attention_forward: non-positive size");
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV,
+                             int hs, cudaStream_t s) {
+  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0 && NKV > 0, "flash_attention_forward: non-positive size");
+  PPTRAIN_CHECK(NH % NKV == 0, "flash_attention_forward: NH must be a multiple of NKV");
   PPTRAIN_CHECK(out && qkv, "flash_attention_forward: null pointer");
   PPTRAIN_CHECK(T <= 65535 * kTile && static_cast<long long>(B) * NH < (1LL << 31),
                 "flash_attention_forward: too many tiles");
@@ -120,7 +124,8 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
   const bool known = with_head_size(hs, [&](auto d) {
     constexpr int D = decltype(d)::value;
     allow_smem(flash_forward_kernel<D>, Smem<D>::fwd);
-    flash_forward_kernel<D><<<grid, kThreads, Smem<D>::fwd, s>>>(out, lse, qkv, T, NH, scale, vec);
+    flash_forward_kernel<D>
+        <<<grid, kThreads, Smem<D>::fwd, s>>>(out, lse, qkv, T, NH, NKV, scale, vec);
     PPTRAIN_CUDA_CHECK_LAUNCH();
   });
   PPTRAIN_CHECK(known, "flash_attention_forward: unsupported head size");

@@ -3,8 +3,9 @@
 // qkv / out layouts, the warp-level tensor-core products (nvcuda::wmma, bf16 16x16x16
 // fragments, fp32 accumulators) and the head-size dispatch.
 //
-// A block has kWarps warps and works on one (batch, head) and one tile of kTile rows
-// (queries in the forward and dQ kernels, keys in the dK/dV kernel); warp w owns rows
+// A block has kWarps warps and works on one tile of kTile rows: of queries of one
+// (batch, query head) in the forward and dQ kernels, of keys of one (batch, key/value
+// head) in the dK/dV kernel; warp w owns rows
 // [16w, 16w+16) of it. Per step it meets one tile of kTile columns (keys or queries),
 // staged in shared memory by the whole block; everything after the staging is
 // warp-private, so warps only meet at the block barriers around the staging.
@@ -50,6 +51,20 @@ struct Smem {
   static constexpr std::size_t bwd_warp = 2 * scores + 2 * probs;
   static constexpr std::size_t bwd = 4 * tile + kWarps * bwd_warp + 2 * rows;
   static_assert(result <= 2 * scores, "the [16][D] result must fit in scores + dP");
+};
+
+// Where the heads are in qkv: rows of NH query heads, then NKV key heads and NKV value
+// heads, of D elements each; offsets of row 0 of batch b (of T rows).
+struct QkvLayout {
+  int NH, NKV, D, T;
+  __device__ std::size_t ld() const { return static_cast<std::size_t>(NH + 2 * NKV) * D; }
+  __device__ std::size_t q(int b, int h) const {
+    return static_cast<std::size_t>(b) * T * ld() + static_cast<std::size_t>(h) * D;
+  }
+  __device__ std::size_t k(int b, int kvh) const { return q(b, NH + kvh); }
+  __device__ std::size_t v(int b, int kvh) const { return q(b, NH + NKV + kvh); }
+  // The key/value head of query head h.
+  __device__ int kv_head(int h) const { return h / (NH / NKV); }
 };
 
 __device__ __forceinline__ unsigned char* dynamic_smem() {

@@ -1,9 +1,11 @@
 // Launchers of the fused (flash-attention-style) causal self-attention, bf16 only:
 // tensor-core tiles, an online softmax in fp32, no [T,T] array in memory. q, k and v
-// are read in place from qkv[B,T,3,NH,hs] and the result written to out[B,T,NH*hs];
-// the only saved state is the logsumexp of each row's scaled scores, lse[B,NH,T]
-// (fp32). The backward reads the forward's out too and recomputes the probabilities
-// from lse (see flash_attention_backward.cu).
+// are read in place from qkv[B,T,W] (rows of NH query heads, then NKV key and NKV value
+// heads, of hs each: W = (NH + 2*NKV) * hs; query head h uses key/value head
+// h / (NH/NKV)) and the result written to out[B,T,NH*hs]; the only saved state is the
+// logsumexp of each query row's scaled scores, lse[B,NH,T] (fp32). The backward reads
+// the forward's out too and recomputes the probabilities from lse (see
+// flash_attention_backward.cu).
 // Kernels in flash_attention.cu and flash_attention_backward.cu.
 #pragma once
 #include <cuda_bf16.h>
@@ -18,20 +20,22 @@ namespace pptrain::ops::cuda {
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin). One answer for forward and backward.
 bool flash_attention_supported(int hs, int max_smem);
 
-// out[b,t,h,:] = sum_{s<=t} softmax_s(q_t . k_s / sqrt(hs)) v_s per head;
-// lse[(b*NH+h)*T+t] = log sum_{s<=t} exp(q_t . k_s / sqrt(hs)) (not written when null).
+// out[b,t,h,:] = sum_{s<=t} softmax_s(q_t . k_s / sqrt(hs)) v_s per query head h (k, v
+// of its key/value head); lse[(b*NH+h)*T+t] = log sum_{s<=t} exp(q_t . k_s / sqrt(hs))
+// (not written when null).
 void flash_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
-                             int T, int NH, int hs, cudaStream_t s);
+                             int T, int NH, int NKV, int hs, cudaStream_t s);
 
 // Bytes of device scratch flash_attention_backward needs.
 std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH);
 
-// dqkv[B,T,3,NH,hs] = gradient w.r.t. qkv (all of it overwritten) from dout[B,T,NH*hs],
-// qkv and the forward's out[B,T,NH*hs] and lse (both as flash_attention_forward wrote
-// them); `workspace` holds the bytes asked for above. Deterministic (no atomics).
+// dqkv[B,T,W] = gradient w.r.t. qkv (all of it overwritten; a key/value head's is the
+// sum over its query heads) from dout[B,T,NH*hs], qkv and the forward's out[B,T,NH*hs]
+// and lse (both as flash_attention_forward wrote them); `workspace` holds the bytes
+// asked for above. Deterministic (no atomics).
 void flash_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out,
-                              const float* lse, void* workspace, int B, int T, int NH, int hs,
-                              cudaStream_t s);
+                              const float* lse, void* workspace, int B, int T, int NH, int NKV,
+                              int hs, cudaStream_t s);
 
 }  // namespace pptrain::ops::cuda

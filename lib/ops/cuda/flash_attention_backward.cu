@@ -3,12 +3,12 @@
 // from the saved lse), dP_ij = dO_i.v_j and D_i = dO_i.O_i = sum_j P_ij dP_ij:
 //   dS = P * (dP - D)        (gradient of the scaled scores)
 //   dV_j = sum_i P_ij dO_i,  dK_j = scale sum_i dS_ij q_i,  dQ_i = scale sum_j dS_ij k_j.
-// O is the forward's output, passed in; a warp per row computes D from it (into
-// workspace). Two kernels follow,
-// each owning what it writes: one over key tiles (dK, dV accumulated in registers over
-// the query tiles at or below the diagonal) and one over query tiles (dQ over the key
-// tiles at or left of it). Both rebuild S and dP with tensor cores; P and dS go to the
-// second products rounded to bf16.
+// O is the forward's output, passed in; a warp per query row computes D from it (into
+// workspace). Two kernels follow, each owning what it writes: one over the key tiles of
+// each key/value head (dK, dV accumulated in registers over the query heads of its
+// group, in order, and their query tiles at or below the diagonal) and one over the
+// query tiles of each query head (dQ over the key tiles at or left of it). Both rebuild
+// S and dP with tensor cores; P and dS go to the second products rounded to bf16.
 #include <cmath>
 
 #include "ops/cuda/flash_attention.cuh"
@@ -100,7 +100,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_dq_kernel(bf16* dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                     const float* __restrict__ lse, const float* __restrict__ dot, int T, int NH,
-                    float scale, bool vec) {
+                    int NKV, float scale, bool vec) {
   constexpr int ldt = Smem<D>::kLdT;
   const BwdRegions<D> R(dynamic_smem());
   bf16 *q = R.own0, *dO = R.own1, *k = R.str0, *v = R.str1;
@@ -108,10 +108,11 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest rows go first
   const int C = NH * D;
-  const std::size_t ld = 3 * static_cast<std::size_t>(C);
-  const std::size_t head = static_cast<std::size_t>(b) * T * ld + static_cast<std::size_t>(h) * D;
-  const bf16* base = qkv + head;
-  load_tile<D>(q, base, ld, q0, T, vec);
+  const QkvLayout heads{NH, NKV, D, T};
+  const std::size_t ld = heads.ld();
+  const bf16* keys = qkv + heads.k(b, heads.kv_head(h));
+  const bf16* values = qkv + heads.v(b, heads.kv_head(h));
+  load_tile<D>(q, qkv + heads.q(b, h), ld, q0, T, vec);
   load_tile<D>(dO, dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * D, C,
                q0, T, vec);
   load_rows(R.lse, lse + static_cast<std::size_t>(bh) * T, q0, T);
@@ -121,8 +122,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
   for (int k0 = 0; k0 <= q0; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous k, v
-    load_tile<D>(k, base + C, ld, k0, T, vec);
-    load_tile<D>(v, base + 2 * C, ld, k0, T, vec);
+    load_tile<D>(k, keys, ld, k0, T, vec);
+    load_tile<D>(v, values, ld, k0, T, vec);
     __syncthreads();
     product_abt<D>(R.s, q + 16 * warp * ldt, k);    // S = Q_w K^T
     product_abt<D>(R.dp, dO + 16 * warp * ldt, v);  // dP = dO_w V^T
@@ -132,51 +133,55 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     product_pb<D>(acc, R.ds, k);  // dQ_w += dS K
   }
-  write_result<D>(dqkv + head, ld, q0 + 16 * warp, T, acc, R.s, scale);
+  write_result<D>(dqkv + heads.q(b, h), ld, q0 + 16 * warp, T, acc, R.s, scale);
 }
 
-// dK, dV for one key tile (warp: 16 keys) over the query tiles at or below it.
+// dK, dV for one key tile (warp: 16 keys) of one key/value head, over the query heads of
+// its group in order and, for each, the query tiles at or below the key tile.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_dkv_kernel(bf16* dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                      const float* __restrict__ lse, const float* __restrict__ dot, int T, int NH,
-                     float scale, bool vec) {
+                     int NKV, float scale, bool vec) {
   constexpr int ldt = Smem<D>::kLdT;
   const BwdRegions<D> R(dynamic_smem());
   bf16 *k = R.own0, *v = R.own1, *q = R.str0, *dO = R.str1;
   const int warp = threadIdx.x / 32;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bkv = blockIdx.x, b = bkv / NKV, kvh = bkv % NKV, group = NH / NKV;
   const int k0 = blockIdx.y * kTile;  // tile 0 meets the most queries: it goes first
   const int C = NH * D;
-  const std::size_t ld = 3 * static_cast<std::size_t>(C);
-  const std::size_t head = static_cast<std::size_t>(b) * T * ld + static_cast<std::size_t>(h) * D;
-  const bf16* base = qkv + head;
-  const bf16* dbase = dout + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * D;
-  load_tile<D>(k, base + C, ld, k0, T, vec);
-  load_tile<D>(v, base + 2 * C, ld, k0, T, vec);
+  const QkvLayout heads{NH, NKV, D, T};
+  const std::size_t ld = heads.ld();
+  load_tile<D>(k, qkv + heads.k(b, kvh), ld, k0, T, vec);
+  load_tile<D>(v, qkv + heads.v(b, kvh), ld, k0, T, vec);
   FragC dk[D / 16], dv[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
     wmma::fill_fragment(dk[n], 0.0f);
     wmma::fill_fragment(dv[n], 0.0f);
   }
-  for (int q0 = k0; q0 < T; q0 += kTile) {
-    __syncthreads();  // every warp is done with the previous q, dO, lse, dot
-    load_tile<D>(q, base, ld, q0, T, vec);
-    load_tile<D>(dO, dbase, C, q0, T, vec);
-    load_rows(R.lse, lse + static_cast<std::size_t>(bh) * T, q0, T);
-    load_rows(R.dot, dot + static_cast<std::size_t>(bh) * T, q0, T);
-    __syncthreads();
-    product_abt<D>(R.s, k + 16 * warp * ldt, q);    // S^T = K_w Q^T
-    product_abt<D>(R.dp, v + 16 * warp * ldt, dO);  // dP^T = V_w dO^T
-    __syncwarp();
-    probs_and_grads<true>(R.p, R.ds, R.s, R.dp, R.lse, R.dot, k0 + 16 * warp, q0, T, scale);
-    __syncwarp();
-    product_pb<D>(dv, R.p, dO);  // dV_w += P^T dO
-    product_pb<D>(dk, R.ds, q);  // dK_w += dS^T Q
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const std::size_t bh = static_cast<std::size_t>(b) * NH + h;
+    const bf16* queries = qkv + heads.q(b, h);
+    const bf16* dbase = dout + (static_cast<std::size_t>(b) * T * NH + h) * D;
+    for (int q0 = k0; q0 < T; q0 += kTile) {
+      __syncthreads();  // every warp is done with the previous q, dO, lse, dot
+      load_tile<D>(q, queries, ld, q0, T, vec);
+      load_tile<D>(dO, dbase, C, q0, T, vec);
+      load_rows(R.lse, lse + bh * T, q0, T);
+      load_rows(R.dot, dot + bh * T, q0, T);
+      __syncthreads();
+      product_abt<D>(R.s, k + 16 * warp * ldt, q);    // S^T = K_w Q^T
+      product_abt<D>(R.dp, v + 16 * warp * ldt, dO);  // dP^T = V_w dO^T
+      __syncwarp();
+      probs_and_grads<true>(R.p, R.ds, R.s, R.dp, R.lse, R.dot, k0 + 16 * warp, q0, T, scale);
+      __syncwarp();
+      product_pb<D>(dv, R.p, dO);  // dV_w += P^T dO
+      product_pb<D>(dk, R.ds, q);  // dK_w += dS^T Q
+    }
   }
-  write_result<D>(dqkv + head + C, ld, k0 + 16 * warp, T, dk, R.s, scale);
-  write_result<D>(dqkv + head + 2 * C, ld, k0 + 16 * warp, T, dv, R.s, 1.0f);
+  write_result<D>(dqkv + heads.k(b, kvh), ld, k0 + 16 * warp, T, dk, R.s, scale);
+  write_result<D>(dqkv + heads.v(b, kvh), ld, k0 + 16 * warp, T, dv, R.s, 1.0f);
 }
 
 }  // namespace
@@ -186,10 +191,11 @@ std::size_t flash_attention_backward_workspace_bytes(int B, int T, int NH) {
 }
 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, void* workspace, int B, int T, int NH, int hs,
-                              cudaStream_t s) {
+                              const float* lse, void* workspace, int B, int T, int NH, int NKV,
+                              int hs, cudaStream_t s) {
   const char* op = "flash_attention_backward";
-  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0, std::string(op) + ": non-positive size");
+  PPTRAIN_CHECK(B > 0 && T > 0 && NH > 0 && NKV > 0, std::string(op) + ": non-positive size");
+  PPTRAIN_CHECK(NH % NKV == 0, std::string(op) + ": NH must be a multiple of NKV");
   PPTRAIN_CHECK(dqkv && dout && qkv && out && lse && workspace, std::string(op) + ": null pointer");
   const long long rows = static_cast<long long>(B) * T * NH;
   PPTRAIN_CHECK(rows < (1LL << 31) && T <= 65535 * kTile, std::string(op) + ": too many rows");
@@ -203,16 +209,19 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   PPTRAIN_CUDA_CHECK_LAUNCH();
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const dim3 grid(B * NH, (T + kTile - 1) / kTile);
+  const unsigned tiles = (T + kTile - 1) / kTile;
+  const dim3 q_grid(B * NH, tiles), kv_grid(B * NKV, tiles);
   const bool vec = aligned16({qkv, dout});
   const bool known = with_head_size(hs, [&](auto d) {
     constexpr int D = decltype(d)::value;
     constexpr std::size_t bytes = Smem<D>::bwd;
     allow_smem(flash_dq_kernel<D>, bytes);
-    flash_dq_kernel<D><<<grid, kThreads, bytes, s>>>(dqkv, dout, qkv, lse, dot, T, NH, scale, vec);
+    flash_dq_kernel<D>
+        <<<q_grid, kThreads, bytes, s>>>(dqkv, dout, qkv, lse, dot, T, NH, NKV, scale, vec);
     PPTRAIN_CUDA_CHECK_LAUNCH();
     allow_smem(flash_dkv_kernel<D>, bytes);
-    flash_dkv_kernel<D><<<grid, kThreads, bytes, s>>>(dqkv, dout, qkv, lse, dot, T, NH, scale, vec);
+    flash_dkv_kernel<D>
+        <<<kv_grid, kThreads, bytes, s>>>(dqkv, dout, qkv, lse, dot, T, NH, NKV, scale, vec);
     PPTRAIN_CUDA_CHECK_LAUNCH();
   });
   PPTRAIN_CHECK(known, std::string(op) + ": unsupported head size");

@@ -91,19 +91,22 @@ void ce_finish(float* losses, T* dlogits, const T* logits, const float* rowmax,
                float dloss, cudaStream_t s);
 
 // ---- attention pieces (attention.cu); the products in between are batched GEMMs ----
-// qkv[B,T,3,NH,hs] -> q, k, v each [B,NH,T,hs].
+// qkv[B,T,W] (NH query heads, then NKV key and NKV value heads, of hs) -> q, k, v each
+// [B,NH,T,hs]; head h of k and v is key/value head h / (NH/NKV).
 template <typename T>
-void split_heads(T* q, T* k, T* v, const T* qkv, int B, int T_, int NH, int hs, cudaStream_t s);
+void split_heads(T* q, T* k, T* v, const T* qkv, int B, int T_, int NH, int NKV, int hs,
+                 cudaStream_t s);
 // y[B,NH,T,hs] -> out[B,T,NH*hs].
 template <typename T>
 void merge_heads(T* out, const T* y, int B, int T_, int NH, int hs, cudaStream_t s);
 // The inverse of merge_heads: dout[B,T,NH*hs] -> dy[B,NH,T,hs].
 template <typename T>
 void split_heads_grad(T* dy, const T* dout, int B, int T_, int NH, int hs, cudaStream_t s);
-// The inverse of split_heads: dq, dk, dv [B,NH,T,hs] -> dqkv[B,T,3,NH,hs].
+// The adjoint of split_heads: dq, dk, dv [B,NH,T,hs] -> dqkv[B,T,W]; a key/value head's
+// gradient is the sum of its query heads' (fp32, in head order).
 template <typename T>
-void merge_qkv_grad(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int T_, int NH, int hs,
-                    cudaStream_t s);
+void merge_qkv_grad(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int T_, int NH, int NKV,
+                    int hs, cudaStream_t s);
 // In place over rows of att[BH,T,T]: row t becomes softmax(scale * att[t, 0..t]) with
 // the entries above the diagonal set to 0.
 template <typename T> void causal_softmax_forward(T* att, float scale, int BH, int T_, cudaStream_t s);
