@@ -194,44 +194,32 @@ TEST_F(OpsGradTest, Gelu) {
 int qkv_width(int C, int NH, int NKV) { return C + 2 * (C / NH) * NKV; }
 
 // Multi-head (NKV = NH) and grouped-query attention: two query heads per key/value head,
-// and all four on one.
-TEST_F(OpsGradTest, Attention) {
-  const int B = 2, T = 5, C = 8;
+// and all four on one. Checks every element of qkv, or `sampled` of them (0: all).
+void check_attention_gradient(CpuOps& ops, int B, int T, std::size_t sampled, uint64_t seed) {
+  const int C = 8;
   for (const auto& [NH, NKV] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
-    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
-    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), 50);
-    const std::vector<float> R = randn(B * T * C, 51);
+    SCOPED_TRACE("T " + std::to_string(T) + " NH " + std::to_string(NH) + " NKV " +
+                 std::to_string(NKV));
+    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), seed);
+    const std::vector<float> R = randn(B * T * C, seed + 1);
     std::vector<float> out(B * T * C), att(B * NH * T * T);
     auto loss = [&] {
-      ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      ops.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
       return dot(out, R);
     };
     loss();
     std::vector<float> dqkv(qkv.size(), 123.0f);  // must be overwritten
-    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
-    expect_ok(check_gradient(qkv, dqkv, loss, all_indices(qkv.size())), "attention dqkv");
+    ops.attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+    const auto indices = sampled ? some_indices(qkv.size(), sampled, seed + 2)
+                                 : all_indices(qkv.size());
+    expect_ok(check_gradient(qkv, dqkv, loss, indices), "attention dqkv");
   }
 }
 
-TEST_F(OpsGradTest, AttentionAcrossRowBlocks) {
-  // T spans several internal row blocks; check a random subset of elements.
-  const int B = 1, T = 150, C = 8;
-  for (const auto& [NH, NKV] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
-    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
-    std::vector<float> qkv = randn(B * T * qkv_width(C, NH, NKV), 52);
-    const std::vector<float> R = randn(B * T * C, 53);
-    std::vector<float> out(B * T * C), att(B * NH * T * T);
-    auto loss = [&] {
-      ops->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
-      return dot(out, R);
-    };
-    loss();
-    std::vector<float> dqkv(qkv.size());
-    ops->attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
-    expect_ok(check_gradient(qkv, dqkv, loss, some_indices(qkv.size(), 150, 54)),
-              "attention dqkv (T=150)");
-  }
-}
+TEST_F(OpsGradTest, Attention) { check_attention_gradient(*ops, 2, 5, 0, 50); }
+
+// T spans several internal row blocks; a random subset of elements.
+TEST_F(OpsGradTest, AttentionAcrossRowBlocks) { check_attention_gradient(*ops, 1, 150, 150, 52); }
 
 // The blocked (flash-style) attention: finite differences over several row blocks, and
 // the same outputs and gradients as the form that keeps the probabilities.
