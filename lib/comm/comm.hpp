@@ -14,9 +14,6 @@
 
 namespace pptrain::comm {
 
-// Exit status of a job ended by the watchdog or by an MPI error.
-inline constexpr int kExitCommFailure = 3;
-
 enum class ReduceOp { Sum, Max };
 
 // A started operation; wait() blocks (under the watchdog) until it completes. Waiting

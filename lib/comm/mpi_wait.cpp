@@ -28,7 +28,7 @@ void check_mpi(int rc, const char* call, const WaitInfo& info) {
   abort_job(info.world_rank,
             call + std::string(" failed in ") + info.op + " on group " + info.group + ": " +
                 std::string(text, static_cast<std::size_t>(len)) + "; aborting",
-            kExitCommFailure);
+            kExitRunFailure);
 }
 
 namespace {
@@ -74,7 +74,7 @@ void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info) {
       abort_job(info.world_rank,
                 info.op + " on group " + info.group + " did not complete within " +
                     seconds_text(info.timeout_s) + " s (peers: " + peers + "); aborting",
-                kExitCommFailure);
+                kExitRunFailure);
     }
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);

@@ -20,7 +20,7 @@ bool nccl_built();
 // does not wait for them: the watchdog watches every queued operation, from the host's
 // waits and from World::check_progress; an operation that fails, or is not complete
 // comms.timeout_s seconds after it was queued, aborts the communicators (ncclCommAbort)
-// and ends the job with kExitCommFailure, naming rank, group and operation. Every host
+// and ends the job with kExitRunFailure, naming rank, group and operation. Every host
 // wait on the device counts in `host_waits` (when given). Collective over the world.
 // Throws std::runtime_error when NCCL is not built.
 void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,

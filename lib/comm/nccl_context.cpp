@@ -79,7 +79,7 @@ void NcclContext::check(ncclResult_t rc, const char* call, const NcclOpInfo& inf
   if (last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
   abort(std::string(call) + " failed in " + info.op + " on group " + info.group + ": " + text +
             "; aborting",
-        kExitCommFailure);
+        kExitRunFailure);
 }
 
 void NcclContext::check(cudaError_t rc, const char* call, const NcclOpInfo& info) {
@@ -116,7 +116,7 @@ void NcclContext::check_age(std::chrono::steady_clock::time_point since, const N
       std::chrono::steady_clock::now() - since > std::chrono::duration<double>(timeout_s_))
     abort(info.op + " on group " + info.group + " did not complete within " +
               seconds_text(timeout_s_) + " s (peers: " + info.peers + "); aborting",
-          kExitCommFailure);
+          kExitRunFailure);
 }
 
 void NcclContext::stream_wait(const char* site, cudaStream_t consumer, cudaEvent_t event,

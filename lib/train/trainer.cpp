@@ -270,7 +270,11 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   std::vector<int32_t> window(size_t(T) + 1);
   auto fill = [&](int mb, int32_t* in, int32_t* tg) {
     for (int b = 0; b < B; ++b) {
-      data_.sequence(step, (int64_t(s_.coord.dp) * M + mb) * B + b, window.data());
+      try {
+        data_.sequence(step, (int64_t(s_.coord.dp) * M + mb) * B + b, window.data());
+      } catch (const DataChanged& e) {  // the other ranks wait in a collective: end them too
+        s_.comms.world_for_model().abort(e.what(), kExitRunFailure);
+      }
       std::copy(window.begin(), window.end() - 1, in + size_t(b) * T);
       std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
     }

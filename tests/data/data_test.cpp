@@ -18,6 +18,7 @@
 
 #include "core/error.hpp"
 #include "data/dataset.hpp"
+#include "data/token_corpus.hpp"
 
 namespace pptrain {
 namespace {
@@ -113,6 +114,33 @@ TEST_F(TokenFiles, ReadsEachFormat) {
   std::vector<int32_t> wide = {0, 1, 255, 256, 50256, 65535, 7};
   EXPECT_EQ(read_token_file(DataSource::Llmc, write("a.bin", llmc(wide)), 65536), wide);
   EXPECT_EQ(read_token_file(DataSource::NanoGpt, write("b.bin", uint16s(wide)), 65536), wide);
+}
+
+// A file that changes after it was opened and checked: truncated, or rewritten with a
+// token out of range. Read on demand, the corpus names it (DataChanged, not SIGBUS).
+TEST_F(TokenFiles, FileChangedUnderTheCorpusIsNamed) {
+  std::vector<int32_t> ok(4000, 5);
+  const std::string path = write("a.bin", llmc(ok));
+  const TokenCorpus corpus = TokenCorpus::open(DataSource::Llmc, {path}, 256);
+  std::vector<int32_t> out(100);
+  corpus.copy(3900, 100, out.data());
+  EXPECT_EQ(out, std::vector<int32_t>(100, 5));
+  auto message = [&] {
+    try {
+      corpus.copy(3900, 100, out.data());
+    } catch (const DataChanged& e) {
+      return std::string(e.what());
+    }
+    return std::string("no DataChanged");
+  };
+  std::vector<int32_t> big = ok;
+  big[3950] = 300;
+  write("a.bin", llmc(big));  // same size, rewritten in place
+  EXPECT_EQ(message(), path + ": changed during the run: token 300 at position 3950 is >= "
+                              "model.vocab_size 256");
+  fs::resize_file(path, 2048);
+  EXPECT_EQ(message(), path + ": changed during the run: 2048 bytes now, 9024 when the run "
+                              "opened it");
 }
 
 TEST_F(TokenFiles, BadFilesNameTheFileAndReason) {

@@ -5,12 +5,13 @@ a stop request or a kill at any moment leaves a checkpoint that resumes exactly.
 
 Usage: reliability.py PPTRAIN CONFIG WORKDIR TRIAL
 Trials: rank_kill, kill_during_saves, parent_kill, signals, two_runs_one_dir, full_disk,
-corrupt_checkpoints. Each prints what it checked and exits non-zero on the first failure."""
+corrupt_checkpoints, truncated_shard. Each prints what it checked and exits non-zero on the first failure."""
 import json
 import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -226,6 +227,45 @@ class Trials:
                   "lost metrics are reported and training finishes")
         finally:
             subprocess.run(["umount", disk], capture_output=True)
+
+    # A data shard truncated under the running job, as a pipeline rewriting shared storage
+    # does: every rank ends at once with exit 3 and a line naming the file (not SIGBUS,
+    # exit 135, without a word); the last checkpoint loads; a restart refuses the file.
+    def truncated_shard(self):
+        data = os.path.join(self.work, "shards")
+        os.makedirs(data)
+        rng = random.Random(20261204)
+        for i in range(3):  # llm.c shards: a 256-int32 header, then uint16 tokens
+            tokens = [rng.randrange(256) for _ in range(100_000)]
+            with open(os.path.join(data, f"train_{i:06d}.bin"), "wb") as f:
+                f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+                f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+        ckpt = os.path.join(self.work, "truncated_shard")
+        files = ["data.source=llmc", f"data.path={data}/train_*.bin",
+                 f"data.val_path={data}/train_000000.bin"]
+        settings = ["train.steps=100000", "parallel.pp=2", "checkpoint.every=20",
+                    f"checkpoint.dir={ckpt}"] + files
+        job = self.start("truncated_shard", settings)
+        wait_for_path(os.path.join(ckpt, "step_00000040"))
+        victim = os.path.join(data, "train_000001.bin")
+        os.truncate(victim, 2048)
+        cut_at = time.time()
+        rc = job.wait(TIMEOUT_S + 30)
+        took = time.time() - cut_at
+        named = [l for l in job.output().splitlines() if victim in l and "changed during the run" in l]
+        if rc != 3 or not named:
+            fail(f"a truncated shard ended the job with exit {rc}, expected 3 and a line naming "
+                 f"it:\n{job.output()[-2000:]}")
+        if took > 5:
+            fail(f"the job took {took:.1f} s to end after its shard was truncated")
+        ok, text = self.loads(ckpt, files)
+        if not ok:
+            fail("the last checkpoint does not load after the truncation:\n" + text)
+        rc, out = self.run("truncated_restart", settings + ["checkpoint.resume=auto"])
+        if rc != 2 or f"{victim}: truncated" not in out:
+            fail(f"the restart on the truncated shard gave exit {rc}:\n{out[-2000:]}")
+        print(f"shard truncated mid-run: exit 3 after {took:.1f} s, \"{named[0].strip()}\"; "
+              "the last checkpoint loads; the restart refuses the file")
 
     # resume: auto skips a corrupt or tampered newest checkpoint for the one before.
     def corrupt_checkpoints(self):
