@@ -16,6 +16,14 @@ namespace pptrain::comm::detail {
 void abort_job(int world_rank, const std::string& message, int exit_code) {
   std::fprintf(stderr, "pptrain: rank %d: %s\n", world_rank, message.c_str());
   std::fflush(nullptr);
+  // MPI_Abort asks the launcher to end every rank. With the launcher out of reach (a cut
+  // link between this host and srun's) PMIx_Abort waits for an answer for ever: the rank
+  // then ends itself after a grace period, and the other hosts' ranks end by their own
+  // watchdogs.
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceS));
+    std::_Exit(exit_code);
+  }).detach();
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
 }

@@ -22,7 +22,11 @@ struct WaitInfo {
   std::function<std::string(const std::vector<std::size_t>& pending)> peers;
 };
 
-// Prints "pptrain: rank R: <message>" as one line to stderr and ends the job.
+// How long a rank waits for MPI_Abort to end it before it ends itself.
+inline constexpr int kAbortGraceS = 3;
+
+// Prints "pptrain: rank R: <message>" as one line to stderr and ends the job; this rank
+// ends within kAbortGraceS whether or not the launcher can be reached.
 [[noreturn]] void abort_job(int world_rank, const std::string& message, int exit_code);
 
 // Aborts the job naming the call and the operation when rc is not MPI_SUCCESS.

@@ -7,8 +7,19 @@
 #                                       (key, sockets, config, state, logs) under DIR;
 #                                       waits until every node is idle and writes
 #                                       DIR/env to source (it sets SLURM_CONF)
+#   slurm_cluster.sh start-hosts DIR [NODES]
+#                                       the same, but each node a host of its own: a
+#                                       network namespace with its own hostname (a UTS
+#                                       namespace) and address on a private bridge, and
+#                                       its slurmd in them; traffic between the nodes
+#                                       crosses the bridge (veth pairs), as between hosts
 #   slurm_cluster.sh stop DIR           cancel the jobs, stop the daemons started from
-#                                       DIR and delete DIR
+#                                       DIR, remove the hosts' namespaces, bridge and
+#                                       links, and delete DIR
+#   slurm_cluster.sh host-pids DIR NODE the pids of every process on host NODE (hosts
+#                                       only): its slurmd and all it started
+#   slurm_cluster.sh link DIR NODE up|down
+#                                       bring host NODE's link up or down (hosts only)
 #
 # Nothing outside DIR is written except by apt-get when it installs the packages: the
 # daemons get their config with -f and the clients through SLURM_CONF. Nodes are named
@@ -53,14 +64,54 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
+# Hosts mode: node i is network namespace pptrain-node$i, linked by the veth pair
+# pptrain-v$i / eth0 to the bridge pptrain-br; the bridge (this host, where slurmctld
+# runs) is $SUBNET.1, node i $SUBNET.$((10 + i)).
+SUBNET=${SLURM_TEST_SUBNET:-10.77.0}
+BRIDGE=pptrain-br
+node_addr() { echo "$SUBNET.$((10 + $1))"; }
+
+make_hosts() {
+  local nodes=$1 i ns
+  ip link add "$BRIDGE" type bridge || die "cannot make the bridge $BRIDGE (one left over? stop it)"
+  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for ((i = 1; i <= nodes; i++)); do
+    ns=pptrain-node$i
+    ip netns add "$ns" || die "cannot make the network namespace $ns"
+    ip link add "pptrain-v$i" type veth peer name eth0 netns "$ns"
+    ip link set "pptrain-v$i" master "$BRIDGE" up
+    ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" route add default via "$SUBNET.1"
+  done
+}
+
+remove_hosts() {
+  local ns pid link
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^pptrain-node/ {print $1}'); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  # A veth pair goes with its namespace, but the kernel may take a moment: not left for
+  # the next cluster to trip over.
+  for link in $(ip -o link show 2>/dev/null | sed -n 's/^[0-9]*: \(pptrain-v[0-9]*\)@.*/\1/p'); do
+    ip link del "$link" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
 write_conf() {
-  local dir=$1 host=$2 user=$3 nodes=$4
+  local dir=$1 host=$2 user=$3 nodes=$4 hosts=$5
   local -a ports
   read -r -a ports <<<"$(free_ports $((nodes + 1)))"
+  local ctl_addr=127.0.0.1
+  ((hosts)) && ctl_addr=$SUBNET.1
   cat >"$dir/slurm.conf" <<EOF
-# Test cluster of $nodes node(s) on one host; everything lives under $dir.
+# Test cluster of $nodes node(s) on one machine; everything lives under $dir.
 ClusterName=pptrain-test
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($ctl_addr)
 SlurmctldPort=${ports[0]}
 SlurmUser=$user
 SlurmdUser=root
@@ -96,7 +147,11 @@ InactiveLimit=0
 EOF
   local i
   for ((i = 1; i <= nodes; i++)); do
-    echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[i]} CPUs=8 RealMemory=4096 State=UNKNOWN"
+    if ((hosts)); then
+      echo "NodeName=node$i NodeHostname=node$i NodeAddr=$(node_addr "$i") Port=${ports[i]} CPUs=8 RealMemory=4096 State=UNKNOWN"
+    else
+      echo "NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=${ports[i]} CPUs=8 RealMemory=4096 State=UNKNOWN"
+    fi
   done >>"$dir/slurm.conf"
   echo "PartitionName=debug Nodes=node[1-$nodes] Default=YES MaxTime=INFINITE OverSubscribe=YES State=UP" \
     >>"$dir/slurm.conf"
@@ -123,7 +178,7 @@ all_idle() {  # all_idle N: sinfo lists N nodes, all idle
 }
 
 start() {
-  local dir=$1 nodes=$2
+  local dir=$1 nodes=$2 hosts=$3
   [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer, not '$nodes'"
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
@@ -141,7 +196,12 @@ start() {
     die "munged would not start (see $dir/log/munged.log)"
   wait_for 10 test -S "$dir/munge/munge.socket" || die "munged made no socket (see $dir/log/munged.log)"
 
-  write_conf "$dir" "$(hostname -s)" "$(id -un)" "$nodes"
+  if ((hosts)); then
+    command -v ip >/dev/null && command -v unshare >/dev/null || skip "hosts need ip and unshare"
+    touch "$dir/hosts"
+    make_hosts "$nodes"
+  fi
+  write_conf "$dir" "$(hostname -s)" "$(id -un)" "$nodes" "$hosts"
   echo "export SLURM_CONF=$dir/slurm.conf" >"$dir/env"
   export SLURM_CONF=$dir/slurm.conf
 
@@ -149,8 +209,14 @@ start() {
   wait_for 20 scontrol ping || die "slurmctld does not answer (see $dir/log/slurmctld.log)"
   local i
   for ((i = 1; i <= nodes; i++)); do
-    slurmd -f "$dir/slurmd-node$i.conf" -N "node$i" ||
-      die "slurmd for node$i would not start (see $dir/log/slurmd-node$i.log)"
+    # In the node's network namespace, under its own hostname (nsenter, not `ip netns
+    # exec`, which mounts a /sys of its own, without the cgroup tree slurmd reads).
+    if ((hosts)); then
+      nsenter --net="/run/netns/pptrain-node$i" unshare --uts /bin/sh -c \
+        "hostname node$i && exec slurmd -f '$dir/slurmd-node$i.conf' -N node$i"
+    else
+      slurmd -f "$dir/slurmd-node$i.conf" -N "node$i"
+    fi || die "slurmd for node$i would not start (see $dir/log/slurmd-node$i.log)"
   done
   if ! wait_for 30 all_idle "$nodes"; then
     sinfo -N -l >&2 || true
@@ -190,11 +256,19 @@ stop() {
   kill_pidfiles "$dir"/slurmd-*.pid
   kill_pidfiles "$dir/slurmctld.pid"
   kill_pidfiles "$dir/munge/munged.pid"
+  [[ -f $dir/hosts ]] && remove_hosts
   rm -rf "$dir"
 }
 
 case ${1:-} in
-  start) [[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 start DIR [NODES]"; start "$2" "${3:-1}" ;;
+  start) [[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 start DIR [NODES]"; start "$2" "${3:-1}" 0 ;;
+  start-hosts)
+    [[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 start-hosts DIR [NODES]"
+    start "$2" "${3:-2}" 1 ;;
   stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR"; stop "$2" ;;
-  *) die "usage: $0 start DIR [NODES] | stop DIR" ;;
+  host-pids) [[ $# -eq 3 ]] || die "usage: $0 host-pids DIR NODE"; ip netns pids "pptrain-$3" ;;
+  link)
+    [[ $# -eq 4 && $4 =~ ^(up|down)$ ]] || die "usage: $0 link DIR NODE up|down"
+    ip link set "pptrain-v${3#node}" "$4" ;;
+  *) die "usage: $0 start|start-hosts DIR [NODES] | stop DIR | host-pids DIR NODE | link DIR NODE up|down" ;;
 esac

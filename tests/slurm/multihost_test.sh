@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# The multi-node example across hosts of their own: slurm_cluster.sh start-hosts makes
+# HOSTS network namespaces, each with its own hostname, address and slurmd, so that
+# Open MPI sees HOSTS hosts and its messages between them cross a network transport.
+#
+#   multihost_test.sh HOSTS PPTRAIN SOURCE_DIR [PPTRAIN_EMULATED]
+#
+# Submits scripts/slurm/multinode.sbatch on HOSTS hosts x 2 ranks: tp 2 inside a host,
+# pp 2 across hosts, dp HOSTS/2. Checks that the job completes; that every rank sends
+# to the ranks of its own host through shared memory (vader) and to the others through
+# TCP, from Open MPI's own log (btl_base_verbose); and that the losses are the one-rank
+# run's (first step 1e-6 relative, every step 1e-4). Pipeline messages are 64 KiB a
+# rank, and Open MPI's shared-memory and TCP eager limits are forced down to 4 KiB, so
+# no message is buffered. With PPTRAIN_EMULATED (pptrain-emulated), the same layout
+# runs again on emulated GPUs, NCCL between the hosts' processes, against the CPU.
+# Exit status 0 pass, 1 fail, 77 skipped (not root, or no Slurm and it cannot be
+# installed).
+set -euo pipefail
+SKIP=77
+[[ $# -eq 3 || $# -eq 4 ]] ||
+  { echo "usage: $0 HOSTS PPTRAIN SOURCE_DIR [PPTRAIN_EMULATED]" >&2; exit 2; }
+hosts=$1
+pptrain=$(realpath "$2")
+src=$(realpath "$3")
+emulated=${4:+$(realpath "$4")}
+here=$(cd "$(dirname "$0")" && pwd)
+((hosts % 2 == 0)) || { echo "HOSTS must be even (pp 2)" >&2; exit 2; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/pptrain-multihost.XXXXXX")
+cluster=$work/cluster
+cleanup() { "$here/slurm_cluster.sh" stop "$cluster" || true; rm -rf "$work"; }
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/job*/*.out "$work"/job*/*.err "$cluster"/log/slurm*.log; do
+    [[ -f $f ]] && { echo "--- $f (last 30 lines)" >&2; tail -n 30 "$f" >&2; }
+  done
+  exit 1
+}
+
+set +e
+SLURM_TEST_CRED_EXPIRE=5 "$here/slurm_cluster.sh" start-hosts "$cluster" "$hosts"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || { [[ $rc -eq $SKIP ]] && exit $SKIP; fail "the test cluster did not start"; }
+# shellcheck disable=SC1091
+source "$cluster/env"
+
+steps=10
+# 8 sequences a step; a pipeline message is 2 x 128 x 128 fp32 = 128 KiB, 64 KiB a tp rank.
+model=(--set model.n_layer=4 --set model.n_head=4 --set model.d_model=128
+       --set model.seq_len=128 --set parallel.micro_batch_size=2
+       --set parallel.micro_batches=$((8 / (2 * hosts / 2))) --set train.steps=$steps
+       --set train.threads=1 --set train.eval_every=0 --set logging.every=1
+       --set parallel.comm_timeout_s=60)
+
+# submit_job NAME BINARY [--set ...]: multinode.sbatch on every host; prints the job id.
+submit_job() {
+  local name=$1 binary=$2; shift 2
+  local dir=$work/$name
+  mkdir -p "$dir"
+  (cd "$src" && OMPI_MCA_btl_base_verbose=100 OMPI_MCA_btl_vader_eager_limit=4096 \
+    OMPI_MCA_btl_tcp_eager_limit=4096 PPTRAIN_DP=$((hosts / 2)) sbatch --parsable \
+    --cpus-per-task=1 --time=5 --chdir="$dir" --nodes="$hosts" --ntasks-per-node=2 \
+    --gres=none --export=ALL,PPTRAIN="$binary" scripts/slurm/multinode.sbatch \
+    "$src/configs/tiny.yaml" "${model[@]}" --set logging.metrics="$dir/metrics.jsonl" \
+    --set checkpoint.dir="$dir/ckpt" "$@") || fail "sbatch refused $name"
+}
+
+# wait_job NAME ID: until the job ends; it must have completed.
+wait_job() {
+  local name=$1 id=$2 dir=$work/$1
+  local deadline=$((SECONDS + 150)) state
+  while :; do
+    state=$(scontrol -o show job "$id" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p')
+    case $state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;;
+    esac
+    ((SECONDS < deadline)) || fail "$name: job $id still $state after 150 s"
+    sleep 0.2
+  done
+  [[ $state == COMPLETED ]] || fail "$name: job $id ended $state"
+  cat "$dir"/*-"$id".err >"$dir/err.log"
+}
+
+run_job() { local id; id=$(submit_job "$@") || exit 1; wait_job "$1" "$id"; }
+
+# pptrain processes left on the hosts.
+ranks_alive() {
+  local i pid n=0
+  for ((i = 1; i <= hosts; i++)); do
+    for pid in $("$here/slurm_cluster.sh" host-pids "$cluster" "node$i"); do
+      [[ $(cat "/proc/$pid/comm" 2>/dev/null) == pptrain* ]] && n=$((n + 1))
+    done
+  done
+  echo "$n"
+}
+
+# transports LOG: every "Using BTL btl for send to [[job,step],R] on node N" line of a
+# process on host H says vader (N = H, another rank), self (itself) or tcp (N != H).
+check_transports() {
+  python3 - "$1" "$hosts" <<'EOF' || fail "transports: see above"
+import re, sys
+seen = {"vader": 0, "tcp": 0}
+bad = []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"\[(\S+?):\d+\] mca: bml: Using (\w+) btl for send to \S+ on node (\S+)", line)
+    if not m:
+        continue
+    here, btl, there = m.groups()
+    if btl == "self":
+        continue
+    want = "vader" if here == there else "tcp"
+    if btl != want:
+        bad.append(line.strip())
+    seen[btl] = seen.get(btl, 0) + 1
+hosts = int(sys.argv[2])
+if bad or seen["vader"] == 0 or seen["tcp"] == 0:
+    sys.exit(f"expected vader inside a host and tcp across hosts; got {seen}, e.g. {bad[:3]}")
+print(f"transports: {seen['vader']} vader (inside a host), {seen['tcp']} tcp (across hosts)")
+EOF
+}
+
+# same_losses METRICS REFERENCE BOUND_FIRST BOUND_ALL
+same_losses() {
+  python3 - "$@" <<'EOF' || fail "losses differ from the one-rank run"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ref = [json.loads(l) for l in open(sys.argv[2])]
+first, every = float(sys.argv[3]), float(sys.argv[4])
+rel = [abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(rows, ref)]
+if len(rows) != len(ref) or rel[0] > first or max(rel) > every:
+    sys.exit(f"{len(rows)} steps against {len(ref)}; first {rel[0]:.1e}, worst {max(rel):.1e}")
+print(f"losses: {len(rows)} steps, first {rel[0]:.1e}, worst {max(rel):.1e} relative")
+EOF
+}
+
+# one_rank NAME [--set ...]: the one-rank CPU run of the same global batch.
+one_rank() {
+  local name=$1; shift
+  mkdir -p "$work/$name"
+  "$pptrain" --config "$src/configs/tiny.yaml" "${model[@]}" "$@" --set parallel.micro_batches=4 \
+    --set logging.metrics="$work/$name/metrics.jsonl" --set checkpoint.dir= \
+    >"$work/$name/log" 2>&1 || fail "the one-rank run $name failed: $(tail -n 5 "$work/$name/log")"
+}
+
+one_rank single
+
+run_job job_cpu "$pptrain"
+check_transports "$work/job_cpu/err.log"
+same_losses "$work/job_cpu/metrics.jsonl" "$work/single/metrics.jsonl" 1e-6 1e-4
+grep -q "layout tp 2 pp 2 dp $((hosts / 2))" "$work"/job_cpu/*.out || fail "not the layout tp 2 pp 2"
+
+if [[ -n $emulated ]]; then
+  # The emulator runs a GPU's threads one by one: a smaller model, in fp32.
+  small=(--set model.d_model=32 --set model.n_head=2 --set model.seq_len=16
+         --set train.precision=fp32)
+  one_rank single_small "${small[@]}"
+  PPTRAIN_EMULATED_GPUS=2 run_job job_emulated "$emulated" "${small[@]}" --set device=cuda
+  same_losses "$work/job_emulated/metrics.jsonl" "$work/single_small/metrics.jsonl" 1e-5 1e-5
+fi
+# A cut link: host 2's link goes down mid-run, so TCP gets no reset and just stops. Every
+# rank must end within parallel.comm_timeout_s plus the abort's grace, with a line naming
+# rank, group and operation. With the link back, the job resumes from the last
+# checkpoint and its losses and gradient norms are the uninterrupted run's, bit for bit.
+if ((hosts == 2)); then
+  timeout=8
+  long=(--set model.d_model=32 --set model.seq_len=16 --set train.steps=600
+        --set checkpoint.every=20 --set parallel.comm_timeout_s=$timeout)
+  run_job job_whole "$pptrain" "${long[@]}"
+  id=$(submit_job job_cut "$pptrain" "${long[@]}") || exit 1
+  deadline=$((SECONDS + 60))
+  until [[ -d $work/job_cut/ckpt/step_00000100 ]]; do
+    ((SECONDS < deadline)) || fail "job_cut saved no step 100 within 60 s"
+    sleep 0.1
+  done
+  "$here/slurm_cluster.sh" link "$cluster" node2 down
+  cut_at=$SECONDS
+  until (($(ranks_alive) == 0)); do
+    ((SECONDS - cut_at <= timeout + 10)) ||
+      fail "ranks still alive $((SECONDS - cut_at)) s after the link went down"
+    sleep 0.2
+  done
+  took=$((SECONDS - cut_at))
+  "$here/slurm_cluster.sh" link "$cluster" node2 up
+  scancel "$id" 2>/dev/null || true
+  line=$(grep -h "did not complete within $timeout s" "$work"/job_cut/*.err | head -n 1)
+  [[ $line =~ rank\ [0-9]+:\ .*\ on\ group\ .* ]] || fail "no line names rank, group and operation"
+  echo "cut link: every rank ended within ${took} s: $line"
+  run_job job_resumed "$pptrain" "${long[@]}" --set checkpoint.dir="$work/job_cut/ckpt" \
+    --set checkpoint.resume=auto
+  python3 - "$work/job_resumed/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+whole = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+same = all(r["loss"] == whole[r["step"]]["loss"] and r["grad_norm"] == whole[r["step"]]["grad_norm"]
+           for r in rows)
+if not rows or rows[-1]["step"] != 600 or not same:
+    sys.exit(f"resumed steps {rows[0]['step'] if rows else '-'}..: not the uninterrupted run's")
+print(f"resumed at step {rows[0]['step']}: steps {rows[0]['step']}..600 bit-identical to the "
+      "uninterrupted run")
+EOF
+    fail "the resumed run differs from the uninterrupted one"
+fi
+echo "PASS: $hosts hosts x 2 ranks"
