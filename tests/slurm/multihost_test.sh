@@ -12,7 +12,8 @@
 # run's (first step 1e-6 relative, every step 1e-4). Pipeline messages are 64 KiB a
 # rank, and Open MPI's shared-memory and TCP eager limits are forced down to 4 KiB, so
 # no message is buffered. With PPTRAIN_EMULATED (pptrain-emulated), the same layout
-# runs again on emulated GPUs, NCCL between the hosts' processes, against the CPU.
+# runs again on emulated GPUs, NCCL between the hosts' processes, against the CPU. On 2
+# hosts also: a cut link, and a checkpoint directory that jobs on both hosts share.
 # Exit status 0 pass, 1 fail, 77 skipped (not root, or no Slurm and it cannot be
 # installed).
 set -euo pipefail
@@ -200,5 +201,33 @@ print(f"resumed at step {rows[0]['step']}: steps {rows[0]['step']}..600 bit-iden
       "uninterrupted run")
 EOF
     fail "the resumed run differs from the uninterrupted one"
+fi
+# One checkpoint directory on storage both hosts share: a job on host 2 is refused while
+# a job on host 1 holds it (K24, exit 2, naming host 1).
+if ((hosts == 2)); then
+  mkdir -p "$work/lock_a" "$work/lock_b"
+  shared=(--set train.steps=100000 --set train.threads=1 --set checkpoint.every=50
+          --set checkpoint.dir="$work/lock_ckpt" --set parallel.pp=2)
+  id_a=$(sbatch --parsable --nodelist=node1 --ntasks=2 --cpus-per-task=1 --time=5 \
+    --chdir="$work/lock_a" --export=ALL,PPTRAIN="$pptrain" "$src/scripts/slurm/train.sbatch" \
+    "$src/configs/tiny.yaml" "${shared[@]}") || fail "sbatch refused lock_a"
+  deadline=$((SECONDS + 60))
+  until [[ -d $work/lock_ckpt/step_00000050 ]]; do
+    ((SECONDS < deadline)) || fail "lock_a saved no checkpoint within 60 s"
+    sleep 0.1
+  done
+  id_b=$(sbatch --parsable --nodelist=node2 --ntasks=2 --cpus-per-task=1 --time=5 \
+    --chdir="$work/lock_b" --export=ALL,PPTRAIN="$pptrain" "$src/scripts/slurm/train.sbatch" \
+    "$src/configs/tiny.yaml" "${shared[@]}") || fail "sbatch refused lock_b"
+  deadline=$((SECONDS + 60))
+  until [[ $(scontrol -o show job "$id_b" | tr ' ' '\n' | sed -n 's/^JobState=//p') =~ ^(FAILED|COMPLETED|CANCELLED)$ ]]; do
+    ((SECONDS < deadline)) || fail "lock_b still runs beside lock_a"
+    sleep 0.2
+  done
+  scancel "$id_a"
+  refused=$(grep -h "in use by another run (host node1" "$work"/lock_b/*.err | head -n 1)
+  exit_b=$(scontrol -o show job "$id_b" | tr ' ' '\n' | sed -n 's/^ExitCode=//p')
+  [[ -n $refused && $exit_b == 2:0 ]] || fail "lock_b was not refused (exit $exit_b)"
+  echo "shared checkpoint dir: the job on node2 was refused (exit 2): $refused"
 fi
 echo "PASS: $hosts hosts x 2 ranks"
