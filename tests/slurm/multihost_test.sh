@@ -13,7 +13,8 @@
 # rank, and Open MPI's shared-memory and TCP eager limits are forced down to 4 KiB, so
 # no message is buffered. With PPTRAIN_EMULATED (pptrain-emulated), the same layout
 # runs again on emulated GPUs, NCCL between the hosts' processes, against the CPU. On 2
-# hosts also: a cut link, and a checkpoint directory that jobs on both hosts share.
+# hosts also: a cut link, a lost host, and a checkpoint directory that jobs on both
+# hosts share.
 # Exit status 0 pass, 1 fail, 77 skipped (not root, or no Slurm and it cannot be
 # installed).
 set -euo pipefail
@@ -168,7 +169,8 @@ if ((hosts == 2)); then
   long=(--set model.d_model=32 --set model.seq_len=16 --set train.steps=600
         --set checkpoint.every=20 --set parallel.comm_timeout_s=$timeout)
   run_job job_whole "$pptrain" "${long[@]}"
-  id=$(submit_job job_cut "$pptrain" "${long[@]}") || exit 1
+  # Not requeued: the resume below is checked on its own.
+  id=$(PPTRAIN_MAX_REQUEUES=0 submit_job job_cut "$pptrain" "${long[@]}") || exit 1
   deadline=$((SECONDS + 60))
   until [[ -d $work/job_cut/ckpt/step_00000100 ]]; do
     ((SECONDS < deadline)) || fail "job_cut saved no step 100 within 60 s"
@@ -201,6 +203,47 @@ print(f"resumed at step {rows[0]['step']}: steps {rows[0]['step']}..600 bit-iden
       "uninterrupted run")
 EOF
     fail "the resumed run differs from the uninterrupted one"
+fi
+# A lost node: every process of host 2 (its slurmd too) killed mid-run. The ranks on
+# host 1 end within parallel.comm_timeout_s plus the abort's grace, exit 3; train.sbatch
+# requeues the job; host 2 comes back (rebooted); the requeued job resumes from the last
+# checkpoint and ends with the uninterrupted run's losses and gradient norms, bit for bit.
+if ((hosts == 2)); then
+  id=$(submit_job job_lost "$pptrain" "${long[@]}") || exit 1
+  deadline=$((SECONDS + 60))
+  until [[ -d $work/job_lost/ckpt/step_00000100 ]]; do
+    ((SECONDS < deadline)) || fail "job_lost saved no step 100 within 60 s"
+    sleep 0.1
+  done
+  "$here/slurm_cluster.sh" kill-host "$cluster" node2
+  lost_at=$SECONDS
+  until (($(ranks_alive) == 0)); do
+    ((SECONDS - lost_at <= timeout + 10)) ||
+      fail "ranks still alive $((SECONDS - lost_at)) s after host 2 died"
+    sleep 0.2
+  done
+  took=$((SECONDS - lost_at))
+  "$here/slurm_cluster.sh" revive-host "$cluster" node2
+  wait_job job_lost "$id"
+  restarts=$(scontrol -o show job "$id" | tr ' ' '\n' | sed -n 's/^Restarts=//p')
+  line=$(grep -h "did not complete within $timeout s" "$work"/job_lost/*.err | head -n 1)
+  [[ $restarts == 1 && -n $line ]] || fail "job_lost: $restarts restarts, line '$line'"
+  grep -q "resumed from .*step_" "$work"/job_lost/*.out || fail "job_lost did not resume"
+  python3 - "$work/job_lost/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
+import json, sys
+last = {}
+for r in map(json.loads, open(sys.argv[1])):
+    last[r["step"]] = r  # a step run again after the resume: its second run counts
+whole = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+same = sorted(last) == sorted(whole) and all(
+    last[s]["loss"] == whole[s]["loss"] and last[s]["grad_norm"] == whole[s]["grad_norm"]
+    for s in whole)
+if not same:
+    sys.exit("the requeued run's steps are not the uninterrupted run's")
+EOF
+    fail "the requeued run differs from the uninterrupted one"
+  echo "lost host: its peers ended within ${took} s ($line); requeued, resumed, steps 1..600" \
+    "bit-identical to the uninterrupted run"
 fi
 # One checkpoint directory on storage both hosts share: a job on host 2 is refused while
 # a job on host 1 holds it (K24, exit 2, naming host 1).

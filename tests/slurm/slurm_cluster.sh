@@ -20,6 +20,11 @@
 #                                       only): its slurmd and all it started
 #   slurm_cluster.sh link DIR NODE up|down
 #                                       bring host NODE's link up or down (hosts only)
+#   slurm_cluster.sh kill-host DIR NODE SIGKILL to every process on host NODE, its slurmd
+#                                       included (hosts only)
+#   slurm_cluster.sh revive-host DIR NODE
+#                                       host NODE rebooted: its TmpFS and the dead step
+#                                       daemons' PMIx sockets gone, its slurmd started
 #
 # Nothing outside DIR is written except by apt-get when it installs the packages: the
 # daemons get their config with -f and the clients through SLURM_CONF. Nodes are named
@@ -64,23 +69,29 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
-# Hosts mode: node i is network namespace pptrain-node$i, linked by the veth pair
-# pptrain-v$i / eth0 to the bridge pptrain-br; the bridge (this host, where slurmctld
-# runs) is $SUBNET.1, node i $SUBNET.$((10 + i)).
+# Hosts mode: node i is network namespace $NET-node$i, linked by the veth pair $NET-v$i /
+# eth0 to the bridge $NET-br; the bridge (this host, where slurmctld runs) is $SUBNET.1,
+# node i $SUBNET.$((10 + i)). Two clusters at once need their own SLURM_TEST_NET (at
+# most 9 characters) and SLURM_TEST_SUBNET; DIR/hosts records both for the commands below.
+NET=${SLURM_TEST_NET:-pptrain}
 SUBNET=${SLURM_TEST_SUBNET:-10.77.0}
-BRIDGE=pptrain-br
 node_addr() { echo "$SUBNET.$((10 + $1))"; }
+load_hosts() {  # load_hosts DIR: NET and SUBNET of the cluster in DIR; false if not hosts
+  [[ -f $1/hosts ]] || return 1
+  # shellcheck disable=SC1091
+  source "$1/hosts"
+}
 
 make_hosts() {
   local nodes=$1 i ns
-  ip link add "$BRIDGE" type bridge || die "cannot make the bridge $BRIDGE (one left over? stop it)"
-  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
+  ip link add "$NET-br" type bridge || die "cannot make the bridge $NET-br (one left over?)"
+  ip addr add "$SUBNET.1/24" dev "$NET-br"
+  ip link set "$NET-br" up
   for ((i = 1; i <= nodes; i++)); do
-    ns=pptrain-node$i
+    ns=$NET-node$i
     ip netns add "$ns" || die "cannot make the network namespace $ns"
-    ip link add "pptrain-v$i" type veth peer name eth0 netns "$ns"
-    ip link set "pptrain-v$i" master "$BRIDGE" up
+    ip link add "$NET-v$i" type veth peer name eth0 netns "$ns"
+    ip link set "$NET-v$i" master "$NET-br" up
     ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
@@ -90,16 +101,16 @@ make_hosts() {
 
 remove_hosts() {
   local ns pid link
-  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^pptrain-node/ {print $1}'); do
+  for ns in $(ip netns list 2>/dev/null | awk -v p="^$NET-node" '$1 ~ p {print $1}'); do
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done
   # A veth pair goes with its namespace, but the kernel may take a moment: not left for
   # the next cluster to trip over.
-  for link in $(ip -o link show 2>/dev/null | sed -n 's/^[0-9]*: \(pptrain-v[0-9]*\)@.*/\1/p'); do
+  for link in $(ip -o link show 2>/dev/null | sed -n "s/^[0-9]*: \($NET-v[0-9]*\)@.*/\1/p"); do
     ip link del "$link" 2>/dev/null || true
   done
-  ip link del "$BRIDGE" 2>/dev/null || true
+  ip link del "$NET-br" 2>/dev/null || true
 }
 
 write_conf() {
@@ -145,6 +156,9 @@ MinJobAge=600
 KillWait=10
 InactiveLimit=0
 EOF
+  # A host that stops answering is down after 10 s (the default is 300 s), and its jobs
+  # are requeued.
+  ((hosts)) && echo "SlurmdTimeout=10" >>"$dir/slurm.conf"
   local i
   for ((i = 1; i <= nodes; i++)); do
     if ((hosts)); then
@@ -177,6 +191,19 @@ all_idle() {  # all_idle N: sinfo lists N nodes, all idle
   [[ $states == "$1 idle" ]]
 }
 
+# start_slurmd DIR I HOSTS: node I's slurmd; with HOSTS, in the node's network namespace
+# under its own hostname (nsenter, not `ip netns exec`, which mounts a /sys of its own,
+# without the cgroup tree slurmd reads).
+start_slurmd() {
+  local dir=$1 i=$2 hosts=$3
+  if ((hosts)); then
+    nsenter --net="/run/netns/$NET-node$i" unshare --uts /bin/sh -c \
+      "hostname node$i && exec slurmd -f '$dir/slurmd-node$i.conf' -N node$i"
+  else
+    slurmd -f "$dir/slurmd-node$i.conf" -N "node$i"
+  fi || die "slurmd for node$i would not start (see $dir/log/slurmd-node$i.log)"
+}
+
 start() {
   local dir=$1 nodes=$2 hosts=$3
   [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive integer, not '$nodes'"
@@ -197,8 +224,11 @@ start() {
   wait_for 10 test -S "$dir/munge/munge.socket" || die "munged made no socket (see $dir/log/munged.log)"
 
   if ((hosts)); then
-    command -v ip >/dev/null && command -v unshare >/dev/null || skip "hosts need ip and unshare"
-    touch "$dir/hosts"
+    command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null ||
+      skip "hosts need ip, unshare and nsenter"
+    unshare --net --uts true 2>/dev/null ||
+      skip "this machine refuses network namespaces (a container without CAP_SYS_ADMIN?)"
+    echo "NET=$NET SUBNET=$SUBNET" >"$dir/hosts"
     make_hosts "$nodes"
   fi
   write_conf "$dir" "$(hostname -s)" "$(id -un)" "$nodes" "$hosts"
@@ -208,16 +238,7 @@ start() {
   slurmctld -f "$SLURM_CONF" -i || die "slurmctld would not start (see $dir/log/slurmctld.log)"
   wait_for 20 scontrol ping || die "slurmctld does not answer (see $dir/log/slurmctld.log)"
   local i
-  for ((i = 1; i <= nodes; i++)); do
-    # In the node's network namespace, under its own hostname (nsenter, not `ip netns
-    # exec`, which mounts a /sys of its own, without the cgroup tree slurmd reads).
-    if ((hosts)); then
-      nsenter --net="/run/netns/pptrain-node$i" unshare --uts /bin/sh -c \
-        "hostname node$i && exec slurmd -f '$dir/slurmd-node$i.conf' -N node$i"
-    else
-      slurmd -f "$dir/slurmd-node$i.conf" -N "node$i"
-    fi || die "slurmd for node$i would not start (see $dir/log/slurmd-node$i.log)"
-  done
+  for ((i = 1; i <= nodes; i++)); do start_slurmd "$dir" "$i" "$hosts"; done
   if ! wait_for 30 all_idle "$nodes"; then
     sinfo -N -l >&2 || true
     tail -n 20 "$dir"/log/*.log >&2 || true
@@ -256,7 +277,7 @@ stop() {
   kill_pidfiles "$dir"/slurmd-*.pid
   kill_pidfiles "$dir/slurmctld.pid"
   kill_pidfiles "$dir/munge/munged.pid"
-  [[ -f $dir/hosts ]] && remove_hosts
+  load_hosts "$dir" && remove_hosts
   rm -rf "$dir"
 }
 
@@ -266,9 +287,25 @@ case ${1:-} in
     [[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 start-hosts DIR [NODES]"
     start "$2" "${3:-2}" 1 ;;
   stop) [[ $# -eq 2 ]] || die "usage: $0 stop DIR"; stop "$2" ;;
-  host-pids) [[ $# -eq 3 ]] || die "usage: $0 host-pids DIR NODE"; ip netns pids "pptrain-$3" ;;
+  host-pids)
+    [[ $# -eq 3 ]] || die "usage: $0 host-pids DIR NODE"
+    load_hosts "$2" || die "$2 is not a cluster of hosts"
+    ip netns pids "$NET-$3" ;;
+  kill-host)  # the host dies: SIGKILL to every process on it, its slurmd included
+    [[ $# -eq 3 ]] || die "usage: $0 kill-host DIR NODE"
+    load_hosts "$2" || die "$2 is not a cluster of hosts"
+    for pid in $(ip netns pids "$NET-$3"); do kill -KILL "$pid" 2>/dev/null || true; done ;;
+  revive-host)  # the host is back, rebooted: an empty TmpFS, its slurmd again
+    [[ $# -eq 3 ]] || die "usage: $0 revive-host DIR NODE"
+    load_hosts "$2" || die "$2 is not a cluster of hosts"
+    find "$2/tmp/$3" -mindepth 1 -delete
+    # The killed step daemons' PMIx sockets: the requeued job's step has the same id.
+    rm -rf "$2/spool/$3"/pmix.* "$2/spool/$3"/stepd.slurm.pmix.*
+    start_slurmd "$(cd "$2" && pwd)" "${3#node}" 1 ;;
   link)
     [[ $# -eq 4 && $4 =~ ^(up|down)$ ]] || die "usage: $0 link DIR NODE up|down"
-    ip link set "pptrain-v${3#node}" "$4" ;;
-  *) die "usage: $0 start|start-hosts DIR [NODES] | stop DIR | host-pids DIR NODE | link DIR NODE up|down" ;;
+    load_hosts "$2" || die "$2 is not a cluster of hosts"
+    ip link set "$NET-v${3#node}" "$4" ;;
+  *) die "usage: $0 start|start-hosts DIR [NODES] | stop DIR |" \
+       "host-pids|kill-host|revive-host DIR NODE | link DIR NODE up|down" ;;
 esac
