@@ -31,6 +31,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/pptrain-multihost.XXXXXX")
 cluster=$work/cluster
 cleanup() { "$here/slurm_cluster.sh" stop "$cluster" || true; rm -rf "$work"; }
 trap cleanup EXIT
+trap 'exit 1' TERM INT HUP  # a ctest timeout too: the namespaces and daemons go
 fail() {
   echo "FAIL: $*" >&2
   for f in "$work"/job*/*.out "$work"/job*/*.err "$cluster"/log/slurm*.log; do
