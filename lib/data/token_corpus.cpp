@@ -42,7 +42,8 @@ struct TokenCorpus::Shard {
   int width = 1;
 
   // Tokens [first, first + n) into out; `bytes` is scratch.
-  void read(std::size_t first, std::size_t n, int32_t* out, std::vector<unsigned char>& bytes) const {
+  void read(std::size_t first, std::size_t n, int32_t* out,
+            std::vector<unsigned char>& bytes) const {
     bytes.resize(n * std::size_t(width));
     file->read_at(bytes.data(), bytes.size(), begin + first * std::size_t(width));
     for (std::size_t i = 0; i < n; ++i)

@@ -170,40 +170,67 @@ if ((hosts == 2)); then
   long=(--set model.d_model=32 --set model.seq_len=16 --set train.steps=600
         --set checkpoint.every=20 --set parallel.comm_timeout_s=$timeout)
   run_job job_whole "$pptrain" "${long[@]}"
+
+  # wait_for_step NAME: until job NAME has saved step 100.
+  wait_for_step() {
+    local deadline=$((SECONDS + 60))
+    until [[ -d $work/$1/ckpt/step_00000100 ]]; do
+      ((SECONDS < deadline)) || fail "$1 saved no step 100 within 60 s"
+      sleep 0.1
+    done
+  }
+  # ranks_end WHAT: until no rank is left, at most the timeout and 10 s; sets `took`.
+  ranks_end() {
+    local since=$SECONDS
+    until (($(ranks_alive) == 0)); do
+      ((SECONDS - since <= timeout + 10)) ||
+        fail "ranks still alive $((SECONDS - since)) s after $1"
+      sleep 0.2
+    done
+    took=$((SECONDS - since))
+  }
+  # timeout_line NAME: the job's line naming rank, group and operation (call it as
+  # `x=$(...) || exit 1`: fail only ends the command substitution).
+  timeout_line() {
+    local line
+    line=$(grep -h "did not complete within $timeout s" "$work"/$1/*.err | head -n 1)
+    [[ $line =~ rank\ [0-9]+:\ .*\ on\ group\ .* ]] ||
+      fail "$1: no line names rank, group and operation"
+    echo "$line"
+  }
+  # same_as_whole NAME: each step's last logged row (a step run again after a resume
+  # counts once, its second run) equals the uninterrupted run's, steps contiguous to 600.
+  same_as_whole() {
+    python3 - "$work/$1/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
+import json, sys
+last = {}
+for r in map(json.loads, open(sys.argv[1])):
+    last[r["step"]] = r
+whole = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+steps = sorted(last)
+same = steps == list(range(steps[0], 601)) if steps else False
+same = same and all(last[s]["loss"] == whole[s]["loss"] and
+                    last[s]["grad_norm"] == whole[s]["grad_norm"] for s in steps)
+if not same:
+    sys.exit(f"steps {steps[:1]}..{steps[-1:]}: not the uninterrupted run's")
+print(f"steps {steps[0]}..600 bit-identical to the uninterrupted run")
+EOF
+      fail "$1 differs from the uninterrupted run"
+  }
+
   # Not requeued: the resume below is checked on its own.
   id=$(PPTRAIN_MAX_REQUEUES=0 submit_job job_cut "$pptrain" "${long[@]}") || exit 1
-  deadline=$((SECONDS + 60))
-  until [[ -d $work/job_cut/ckpt/step_00000100 ]]; do
-    ((SECONDS < deadline)) || fail "job_cut saved no step 100 within 60 s"
-    sleep 0.1
-  done
+  wait_for_step job_cut
   "$here/slurm_cluster.sh" link "$cluster" node2 down
-  cut_at=$SECONDS
-  until (($(ranks_alive) == 0)); do
-    ((SECONDS - cut_at <= timeout + 10)) ||
-      fail "ranks still alive $((SECONDS - cut_at)) s after the link went down"
-    sleep 0.2
-  done
-  took=$((SECONDS - cut_at))
+  ranks_end "the link went down"
   "$here/slurm_cluster.sh" link "$cluster" node2 up
   scancel "$id" 2>/dev/null || true
-  line=$(grep -h "did not complete within $timeout s" "$work"/job_cut/*.err | head -n 1)
-  [[ $line =~ rank\ [0-9]+:\ .*\ on\ group\ .* ]] || fail "no line names rank, group and operation"
+  line=$(timeout_line job_cut) || exit 1
   echo "cut link: every rank ended within ${took} s: $line"
   run_job job_resumed "$pptrain" "${long[@]}" --set checkpoint.dir="$work/job_cut/ckpt" \
     --set checkpoint.resume=auto
-  python3 - "$work/job_resumed/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-whole = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
-same = all(r["loss"] == whole[r["step"]]["loss"] and r["grad_norm"] == whole[r["step"]]["grad_norm"]
-           for r in rows)
-if not rows or rows[-1]["step"] != 600 or not same:
-    sys.exit(f"resumed steps {rows[0]['step'] if rows else '-'}..: not the uninterrupted run's")
-print(f"resumed at step {rows[0]['step']}: steps {rows[0]['step']}..600 bit-identical to the "
-      "uninterrupted run")
-EOF
-    fail "the resumed run differs from the uninterrupted one"
+  same=$(same_as_whole job_resumed) || exit 1
+  echo "cut link, resumed: $same"
 fi
 # A lost node: every process of host 2 (its slurmd too) killed mid-run. The ranks on
 # host 1 end within parallel.comm_timeout_s plus the abort's grace, exit 3; train.sbatch
@@ -211,40 +238,17 @@ fi
 # checkpoint and ends with the uninterrupted run's losses and gradient norms, bit for bit.
 if ((hosts == 2)); then
   id=$(submit_job job_lost "$pptrain" "${long[@]}") || exit 1
-  deadline=$((SECONDS + 60))
-  until [[ -d $work/job_lost/ckpt/step_00000100 ]]; do
-    ((SECONDS < deadline)) || fail "job_lost saved no step 100 within 60 s"
-    sleep 0.1
-  done
+  wait_for_step job_lost
   "$here/slurm_cluster.sh" kill-host "$cluster" node2
-  lost_at=$SECONDS
-  until (($(ranks_alive) == 0)); do
-    ((SECONDS - lost_at <= timeout + 10)) ||
-      fail "ranks still alive $((SECONDS - lost_at)) s after host 2 died"
-    sleep 0.2
-  done
-  took=$((SECONDS - lost_at))
+  ranks_end "host 2 died"
   "$here/slurm_cluster.sh" revive-host "$cluster" node2
   wait_job job_lost "$id"
   restarts=$(scontrol -o show job "$id" | tr ' ' '\n' | sed -n 's/^Restarts=//p')
-  line=$(grep -h "did not complete within $timeout s" "$work"/job_lost/*.err | head -n 1)
-  [[ $restarts == 1 && -n $line ]] || fail "job_lost: $restarts restarts, line '$line'"
+  [[ $restarts == 1 ]] || fail "job_lost: $restarts restarts, expected 1"
   grep -q "resumed from .*step_" "$work"/job_lost/*.out || fail "job_lost did not resume"
-  python3 - "$work/job_lost/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
-import json, sys
-last = {}
-for r in map(json.loads, open(sys.argv[1])):
-    last[r["step"]] = r  # a step run again after the resume: its second run counts
-whole = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
-same = sorted(last) == sorted(whole) and all(
-    last[s]["loss"] == whole[s]["loss"] and last[s]["grad_norm"] == whole[s]["grad_norm"]
-    for s in whole)
-if not same:
-    sys.exit("the requeued run's steps are not the uninterrupted run's")
-EOF
-    fail "the requeued run differs from the uninterrupted one"
-  echo "lost host: its peers ended within ${took} s ($line); requeued, resumed, steps 1..600" \
-    "bit-identical to the uninterrupted run"
+  line=$(timeout_line job_lost) || exit 1
+  same=$(same_as_whole job_lost) || exit 1
+  echo "lost host: its peers ended within ${took} s ($line); requeued, resumed: $same"
 fi
 # One checkpoint directory on storage both hosts share: a job on host 2 is refused while
 # a job on host 1 holds it (K24, exit 2, naming host 1).
