@@ -120,6 +120,16 @@ class World {
   // when one failed or has been queued longer than the timeout, naming the rank, group
   // and operation. Never blocks; nothing to do for host communicators.
   virtual void check_progress() {}
+  // The liveness check behind the watchdog's message: asks `peers` (world ranks) over a
+  // channel of its own whether they are alive, waits a second for the answers, and
+  // says which were silent ("no answer within 1 s from 3"). Empty where there is none.
+  virtual std::string ask_peers(const std::vector<int>& peers) {
+    (void)peers;
+    return {};
+  }
+  // Answers the peers' liveness checks that have arrived; every wait calls it while it
+  // polls. Never blocks.
+  virtual void answer_peers() {}
   // Prints "pptrain: rank R: <message>" to stderr; the whole job exits with
   // `exit_code` (1: a failure; 2: bad input).
   [[noreturn]] virtual void abort(const std::string& message, int exit_code = 1) = 0;

@@ -48,7 +48,8 @@ using detail::WaitInfo;
 
 WaitInfo startup_info(int rank, double timeout_s) {
   return {"start-up", "world", rank, timeout_s,
-          [](const std::vector<std::size_t>&) { return std::string("all"); }};
+          [](const std::vector<std::size_t>&) { return detail::Awaited{"all", {}}; },
+          nullptr};
 }
 
 // All ranks meet (under the watchdog) and agree on the grid; throws on every rank alike
@@ -66,18 +67,18 @@ void check_same_grid(const RankGrid& grid, int rank, double timeout_s) {
 
 // Splits base by colour (< 0: not a member) with key = position in members, so the
 // group rank is the index into the grid's list.
-std::unique_ptr<Group> split(const std::shared_ptr<MpiSession>& session, MPI_Comm base,
-                             int colour, const std::vector<int>& members, std::string name,
-                             int rank, double timeout_s) {
+std::unique_ptr<Group> split(const detail::MpiShared& shared, MPI_Comm base, int colour,
+                             const std::vector<int>& members, std::string name) {
+  const int rank = shared.world_rank;
   const auto it = std::find(members.begin(), members.end(), rank);
   const int key = it == members.end() ? 0 : static_cast<int>(it - members.begin());
   MPI_Comm comm = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split(base, colour < 0 ? MPI_UNDEFINED : colour, key, &comm),
-            "MPI_Comm_split", startup_info(rank, timeout_s));
+            "MPI_Comm_split", startup_info(rank, shared.timeout_s));
   if (colour < 0) return nullptr;
   PPTRAIN_CHECK(it != members.end(), name + ": rank is not in its own group");
   MPI_Comm_set_name(comm, name.c_str());
-  auto group = detail::make_mpi_group(session, comm, name, members, rank, timeout_s);
+  auto group = detail::make_mpi_group(shared, comm, name, members);
   PPTRAIN_CHECK(group->size() == static_cast<int>(members.size()) && group->rank() == key,
                 name + ": MPI group does not match the rank grid");
   return group;
@@ -101,28 +102,29 @@ Comms make_mpi_comms(const RankGrid& grid, double timeout_s) {
                      std::to_string(size));
   check_same_grid(grid, rank, timeout_s);
 
-  // A private communicator whose errors return codes (checked, then a one-line abort).
+  // Private communicators whose errors return codes (checked, then a one-line abort):
+  // one to split the groups from and for point-to-point, one for the liveness check.
   const WaitInfo info = startup_info(rank, timeout_s);
-  MPI_Comm base = MPI_COMM_NULL;
+  MPI_Comm base = MPI_COMM_NULL, liveness = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &base), "MPI_Comm_dup", info);
   check_mpi(MPI_Comm_set_errhandler(base, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", info);
+  check_mpi(MPI_Comm_dup(base, &liveness), "MPI_Comm_dup", info);
+  const detail::MpiShared shared{session, std::make_shared<detail::Liveness>(session, liveness),
+                                 rank, timeout_s};
 
   const RankCoord c = grid.coord(rank);
   Comms comms;
   comms.timeout_s = timeout_s;
-  std::vector<int> everyone(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) everyone[static_cast<std::size_t>(r)] = r;
-  comms.all = split(session, base, 0, everyone, "world", rank, timeout_s);
-  comms.tp = split(session, base, grid.tp_group_index(rank), grid.tp_group(rank),
-                   coords("tp", "dp", c.dp, "pp", c.pp), rank, timeout_s);
-  comms.dp = split(session, base, grid.dp_group_index(rank), grid.dp_group(rank),
-                   coords("dp", "tp", c.tp, "pp", c.pp), rank, timeout_s);
-  comms.pp = split(session, base, grid.pp_group_index(rank), grid.pp_group(rank),
-                   coords("pp", "tp", c.tp, "dp", c.dp), rank, timeout_s);
-  comms.embedding = split(session, base, grid.embedding_group_index(rank),
-                          grid.embedding_group(rank),
-                          coords("embedding", "tp", c.tp, "dp", c.dp), rank, timeout_s);
-  comms.world = detail::make_mpi_world(session, base, timeout_s);
+  comms.all = split(shared, base, 0, detail::every_rank(size), "world");
+  comms.tp = split(shared, base, grid.tp_group_index(rank), grid.tp_group(rank),
+                   coords("tp", "dp", c.dp, "pp", c.pp));
+  comms.dp = split(shared, base, grid.dp_group_index(rank), grid.dp_group(rank),
+                   coords("dp", "tp", c.tp, "pp", c.pp));
+  comms.pp = split(shared, base, grid.pp_group_index(rank), grid.pp_group(rank),
+                   coords("pp", "tp", c.tp, "dp", c.dp));
+  comms.embedding = split(shared, base, grid.embedding_group_index(rank),
+                          grid.embedding_group(rank), coords("embedding", "tp", c.tp, "dp", c.dp));
+  comms.world = detail::make_mpi_world(shared, base);
   return comms;
 }
 

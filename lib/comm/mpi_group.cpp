@@ -17,10 +17,9 @@ MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
 class MpiGroup final : public Group {
  public:
-  MpiGroup(std::shared_ptr<MpiSession> session, MPI_Comm comm, std::string name,
-           std::vector<int> members, int world_rank, double timeout_s)
-      : session_(std::move(session)), comm_(comm), name_(std::move(name)),
-        members_(std::move(members)), world_rank_(world_rank), timeout_s_(timeout_s) {
+  MpiGroup(MpiShared shared, MPI_Comm comm, std::string name, std::vector<int> members)
+      : shared_(std::move(shared)), comm_(comm), name_(std::move(name)),
+        members_(std::move(members)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -118,8 +117,11 @@ class MpiGroup final : public Group {
 
  private:
   WaitInfo wait_info(const char* op) const {
-    return {op, name_, world_rank_, timeout_s_,
-            [members = members_](const std::vector<std::size_t>&) { return join_ranks(members); }};
+    return {op, name_, shared_.world_rank, shared_.timeout_s,
+            [members = members_](const std::vector<std::size_t>&) {
+              return Awaited{join_ranks(members), members};
+            },
+            shared_.liveness};
   }
 
   // Starts one non-blocking collective through `start` and waits for it.
@@ -131,22 +133,18 @@ class MpiGroup final : public Group {
     wait_all(requests, info);
   }
 
-  std::shared_ptr<MpiSession> session_;  // keeps MPI alive until comm_ is freed
+  MpiShared shared_;  // keeps MPI alive until comm_ is freed
   MPI_Comm comm_;
   std::string name_;
   std::vector<int> members_;
-  int world_rank_;
-  double timeout_s_;
   int rank_ = 0, size_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Group> make_mpi_group(std::shared_ptr<MpiSession> session, MPI_Comm comm,
-                                      std::string name, std::vector<int> members,
-                                      int world_rank, double timeout_s) {
-  return std::make_unique<MpiGroup>(std::move(session), comm, std::move(name),
-                                    std::move(members), world_rank, timeout_s);
+std::unique_ptr<Group> make_mpi_group(MpiShared shared, MPI_Comm comm, std::string name,
+                                      std::vector<int> members) {
+  return std::make_unique<MpiGroup>(std::move(shared), comm, std::move(name), std::move(members));
 }
 
 }  // namespace pptrain::comm::detail

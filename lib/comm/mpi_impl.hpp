@@ -7,16 +7,23 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/mpi_liveness.hpp"
 
 namespace pptrain::comm::detail {
 
+// What every MPI communicator of a rank shares.
+struct MpiShared {
+  std::shared_ptr<MpiSession> session;  // keeps MPI alive until the communicators are freed
+  std::shared_ptr<Liveness> liveness;   // null during start-up
+  int world_rank = 0;
+  double timeout_s = 0;  // the watchdog limit of every wait
+};
+
 // Takes ownership of comm (freed on destruction); members are world ranks by group rank.
-std::unique_ptr<Group> make_mpi_group(std::shared_ptr<MpiSession> session, MPI_Comm comm,
-                                      std::string name, std::vector<int> members,
-                                      int world_rank, double timeout_s);
+std::unique_ptr<Group> make_mpi_group(MpiShared shared, MPI_Comm comm, std::string name,
+                                      std::vector<int> members);
 
 // Takes ownership of comm, a duplicate of MPI_COMM_WORLD used only for point-to-point.
-std::unique_ptr<World> make_mpi_world(std::shared_ptr<MpiSession> session, MPI_Comm comm,
-                                      double timeout_s);
+std::unique_ptr<World> make_mpi_world(MpiShared shared, MPI_Comm comm);
 
 }  // namespace pptrain::comm::detail

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include "core/error.hpp"
@@ -55,13 +56,19 @@ std::vector<std::size_t> pending_requests(std::vector<MPI_Request>& requests,
   return pending;
 }
 
+}  // namespace
+
 std::string seconds_text(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", s);
   return buf;
 }
 
-}  // namespace
+std::string timeout_message(const std::string& op, const std::string& group,
+                            double timeout_s, const std::string& peers) {
+  return op + " on group " + group + " did not complete within " + seconds_text(timeout_s) +
+         " s (peers: " + peers + "); aborting";
+}
 
 void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info) {
   using Clock = std::chrono::steady_clock;
@@ -78,12 +85,12 @@ void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info) {
     if (done) return;
     if (polls < kSpins) continue;
     if (info.timeout_s > 0 && Clock::now() - start > limit) {
-      std::string peers = info.peers ? info.peers(pending_requests(requests, info)) : "";
-      abort_job(info.world_rank,
-                info.op + " on group " + info.group + " did not complete within " +
-                    seconds_text(info.timeout_s) + " s (peers: " + peers + "); aborting",
+      Awaited peers = info.peers ? info.peers(pending_requests(requests, info)) : Awaited{};
+      if (info.liveness) peers.text += "; " + info.liveness->report(peers.ranks);
+      abort_job(info.world_rank, timeout_message(info.op, info.group, info.timeout_s, peers.text),
                 kExitRunFailure);
     }
+    if (info.liveness) info.liveness->answer();
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);
   }
@@ -93,6 +100,22 @@ int mpi_count(std::size_t n, const char* op) {
   PPTRAIN_CHECK(n <= static_cast<std::size_t>(INT_MAX),
                 std::string(op) + ": " + std::to_string(n) + " elements exceed INT_MAX");
   return static_cast<int>(n);
+}
+
+Awaited awaited_transfers(const std::vector<Transfer>& batch,
+                          const std::vector<std::size_t>& which) {
+  Awaited awaited;
+  for (std::size_t i : which) {
+    awaited.text += (awaited.text.empty() ? "" : ", ") + describe(batch[i]);
+    awaited.ranks.push_back(batch[i].peer);
+  }
+  return awaited;
+}
+
+std::vector<int> every_rank(int size) {
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {

@@ -5,12 +5,20 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/mpi_liveness.hpp"
 
 namespace pptrain::comm::detail {
+
+// The peers a wait is held up by: words for the message and world ranks to ask.
+struct Awaited {
+  std::string text;  // "0,1,3", "recv from 2 tag 5", ...
+  std::vector<int> ranks;
+};
 
 // What is being waited for, for the message when it fails.
 struct WaitInfo {
@@ -18,8 +26,11 @@ struct WaitInfo {
   std::string group;  // group name
   int world_rank = 0;
   double timeout_s = 0;
-  // Describes the peers of the still pending requests (indices into the request list).
-  std::function<std::string(const std::vector<std::size_t>& pending)> peers;
+  // The peers of the still pending requests (indices into the request list).
+  std::function<Awaited(const std::vector<std::size_t>& pending)> peers;
+  // Answers peers' liveness checks while waiting, and asks the awaited peers before the
+  // watchdog ends the job; null during start-up.
+  std::shared_ptr<Liveness> liveness;
 };
 
 // How long a rank waits for MPI_Abort to end it before it ends itself.
@@ -33,7 +44,8 @@ inline constexpr int kAbortGraceS = 3;
 void check_mpi(int rc, const char* call, const WaitInfo& info);
 
 // Waits for every request: tight polling first, then sleeps growing to 100 us. Past
-// info.timeout_s (if > 0) prints the watchdog line and aborts the job.
+// info.timeout_s (if > 0) asks the awaited peers whether they are alive, prints the
+// watchdog line naming any that are silent, and aborts the job.
 void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info);
 
 // Converts an element count for MPI, throwing (an internal error) when it exceeds INT_MAX.
@@ -73,5 +85,20 @@ class MpiPending final : public PendingOp {
 
 // "0,1,3"
 std::string join_ranks(const std::vector<int>& ranks);
+
+// Transfers `which` (indices into batch) of a batch, for the watchdog.
+Awaited awaited_transfers(const std::vector<Transfer>& batch,
+                          const std::vector<std::size_t>& which);
+
+// 0, 1, ..., size - 1
+std::vector<int> every_rank(int size);
+
+// "8", "0.5": seconds as the messages write them.
+std::string seconds_text(double s);
+
+// The watchdog line, for MPI and NCCL waits alike: "<op> on group <group> did not
+// complete within <timeout> s (peers: <peers>); aborting".
+std::string timeout_message(const std::string& op, const std::string& group,
+                            double timeout_s, const std::string& peers);
 
 }  // namespace pptrain::comm::detail

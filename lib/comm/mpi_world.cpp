@@ -9,18 +9,9 @@
 namespace pptrain::comm::detail {
 namespace {
 
-// The pending transfers of a batch, for the watchdog message.
-std::string describe_transfers(const std::vector<Transfer>& batch,
-                               const std::vector<std::size_t>& pending) {
-  std::string s;
-  for (std::size_t i : pending) s += (s.empty() ? "" : ", ") + describe(batch[i]);
-  return s;
-}
-
 class MpiWorld final : public World {
  public:
-  MpiWorld(std::shared_ptr<MpiSession> session, MPI_Comm comm, double timeout_s)
-      : session_(std::move(session)), comm_(comm), timeout_s_(timeout_s) {
+  MpiWorld(MpiShared shared, MPI_Comm comm) : shared_(std::move(shared)), comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     int* ub = nullptr;
@@ -36,10 +27,11 @@ class MpiWorld final : public World {
   void exchange(const std::vector<Transfer>& batch) override { exchange_start(batch)->wait(); }
 
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
-    WaitInfo info{"exchange", "world", rank_, timeout_s_,
+    WaitInfo info{"exchange", "world", rank_, shared_.timeout_s,
                   [batch](const std::vector<std::size_t>& pending) {
-                    return describe_transfers(batch, pending);
-                  }};
+                    return awaited_transfers(batch, pending);
+                  },
+                  shared_.liveness};
     std::vector<MPI_Request> requests(batch.size(), MPI_REQUEST_NULL);
     for (std::size_t i = 0; i < batch.size(); ++i) check_transfer(batch[i]);
     // Receives first, so that a peer's sends find them posted.
@@ -59,11 +51,21 @@ class MpiWorld final : public World {
   }
 
   void barrier() override {
-    WaitInfo info{"barrier", "world", rank_, timeout_s_,
-                  [](const std::vector<std::size_t>&) { return std::string("all"); }};
+    WaitInfo info{"barrier", "world", rank_, shared_.timeout_s,
+                  [size = size_](const std::vector<std::size_t>&) {
+                    return Awaited{"all", every_rank(size)};
+                  },
+                  shared_.liveness};
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check_mpi(MPI_Ibarrier(comm_, requests.data()), "MPI_Ibarrier", info);
     wait_all(requests, info);
+  }
+
+  std::string ask_peers(const std::vector<int>& peers) override {
+    return shared_.liveness ? shared_.liveness->report(peers) : std::string();
+  }
+  void answer_peers() override {
+    if (shared_.liveness) shared_.liveness->answer();
   }
 
   [[noreturn]] void abort(const std::string& message, int exit_code) override {
@@ -82,17 +84,15 @@ class MpiWorld final : public World {
     mpi_count(t.bytes, "exchange");
   }
 
-  std::shared_ptr<MpiSession> session_;  // keeps MPI alive until comm_ is freed
+  MpiShared shared_;  // keeps MPI alive until comm_ is freed
   MPI_Comm comm_;
-  double timeout_s_;
   int rank_ = 0, size_ = 0, tag_ub_ = 32767;
 };
 
 }  // namespace
 
-std::unique_ptr<World> make_mpi_world(std::shared_ptr<MpiSession> session, MPI_Comm comm,
-                                      double timeout_s) {
-  return std::make_unique<MpiWorld>(std::move(session), comm, timeout_s);
+std::unique_ptr<World> make_mpi_world(MpiShared shared, MPI_Comm comm) {
+  return std::make_unique<MpiWorld>(std::move(shared), comm);
 }
 
 }  // namespace pptrain::comm::detail

@@ -3,7 +3,6 @@
 // world (its rank 0 makes the ncclUniqueId and sends it to the other members).
 #include "comm/nccl_comm.hpp"
 
-#include <numeric>
 
 #include "comm/nccl_impl.hpp"
 #include "core/error.hpp"
@@ -42,9 +41,8 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
   auto ctx = std::make_shared<detail::NcclContext>(
       host, static_cast<cudaStream_t>(compute_stream), comms.timeout_s, host_waits);
   auto device = std::make_unique<DeviceComms>();
-  std::vector<int> everyone(static_cast<std::size_t>(size));
-  std::iota(everyone.begin(), everyone.end(), 0);
-  device->world = detail::make_nccl_world(ctx, ctx->add_comm(everyone, "world", 0), size);
+  device->world =
+      detail::make_nccl_world(ctx, ctx->add_comm(detail::every_rank(size), "world", 0), size);
   device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
   device->dp = twin(ctx, *comms.dp, grid.dp_group(rank), 2);
   device->pp = twin(ctx, *comms.pp, grid.pp_group(rank), 4);

@@ -13,23 +13,13 @@
 
 namespace pptrain::comm::detail {
 
-namespace {
-
-std::string seconds_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", s);
-  return buf;
-}
-
-}  // namespace
-
 NcclContext::NcclContext(World& host_world, cudaStream_t compute, double timeout_s,
                          HostWaitCounter* host_waits)
     : host_world_(host_world), compute_(compute), timeout_s_(timeout_s),
       world_rank_(host_world.rank()), host_waits_(host_waits) {
   // Gradient reduction runs beside the backward pass: give it the highest priority so
   // its kernels get SMs as soon as any free up.
-  const NcclOpInfo info{"start-up", "world", "all"};
+  const NcclOpInfo info{"start-up", "world", {"all", {}}};
   int least = 0, greatest = 0;
   check(cudaDeviceGetStreamPriorityRange(&least, &greatest),
         "cudaDeviceGetStreamPriorityRange", info);
@@ -49,7 +39,7 @@ NcclContext::~NcclContext() {
 
 ncclComm_t NcclContext::add_comm(const std::vector<int>& members, const std::string& name,
                                  int tag) {
-  const NcclOpInfo info{"start-up", name, join_ranks(members)};
+  const NcclOpInfo info{"start-up", name, {join_ranks(members), members}};
   const auto it = std::find(members.begin(), members.end(), world_rank_);
   PPTRAIN_CHECK(it != members.end(), name + ": rank is not in its own group");
   const int rank = static_cast<int>(it - members.begin());
@@ -112,11 +102,13 @@ bool completed(NcclContext& ctx, cudaEvent_t done, ncclComm_t comm, const NcclOp
 }  // namespace
 
 void NcclContext::check_age(std::chrono::steady_clock::time_point since, const NcclOpInfo& info) {
-  if (timeout_s_ > 0 &&
-      std::chrono::steady_clock::now() - since > std::chrono::duration<double>(timeout_s_))
-    abort(info.op + " on group " + info.group + " did not complete within " +
-              seconds_text(timeout_s_) + " s (peers: " + info.peers + "); aborting",
-          kExitRunFailure);
+  if (timeout_s_ <= 0 ||
+      std::chrono::steady_clock::now() - since <= std::chrono::duration<double>(timeout_s_))
+    return;
+  std::string peers = info.peers.text;
+  const std::string liveness = host_world_.ask_peers(info.peers.ranks);
+  if (!liveness.empty()) peers += "; " + liveness;
+  abort(timeout_message(info.op, info.group, timeout_s_, peers), kExitRunFailure);
 }
 
 void NcclContext::stream_wait(const char* site, cudaStream_t consumer, cudaEvent_t event,
@@ -151,6 +143,7 @@ void NcclContext::watch(cudaEvent_t done, ncclComm_t comm, NcclOpInfo info) {
 }
 
 void NcclContext::check_progress() {
+  host_world_.answer_peers();  // the host polls here while the device waits
   // Operations complete in queue order on one stream, so the oldest unfinished one is
   // the one to name; the later ones wait behind it.
   std::size_t kept = 0;

@@ -25,7 +25,7 @@ class NcclGroup final : public Group {
     const auto it = std::find(members_.begin(), members_.end(), ctx_->world_rank());
     PPTRAIN_CHECK(it != members_.end(), name_ + ": rank is not in its own group");
     rank_ = static_cast<int>(it - members_.begin());
-    peers_ = join_ranks(members_);
+    peers_ = {join_ranks(members_), members_};
   }
 
   const std::string& name() const override { return name_; }
@@ -123,7 +123,7 @@ class NcclGroup final : public Group {
   ncclComm_t comm_;  // owned by ctx_
   std::string name_;
   std::vector<int> members_;
-  std::string peers_;  // the members, for messages
+  Awaited peers_;  // the members, for messages
   int rank_ = 0;
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/mpi_wait.hpp"
 #include "core/host_waits.hpp"
 
 namespace pptrain::comm::detail {
@@ -19,7 +20,7 @@ namespace pptrain::comm::detail {
 struct NcclOpInfo {
   std::string op;     // "all_reduce_start", "exchange", ...
   std::string group;  // group name
-  std::string peers;  // members or transfers
+  Awaited peers;      // members or transfers
 };
 
 // Owns every NCCL communicator of one DeviceComms and the stream of all_reduce_start.

@@ -21,12 +21,6 @@
 namespace pptrain::comm::detail {
 namespace {
 
-std::string describe_transfers(const std::vector<Transfer>& batch) {
-  std::string s;
-  for (const Transfer& t : batch) s += (s.empty() ? "" : ", ") + describe(t);
-  return s;
-}
-
 class NcclWorld final : public World {
  public:
   NcclWorld(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, int size)
@@ -43,9 +37,9 @@ class NcclWorld final : public World {
 
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
     for (const Transfer& t : batch) check_transfer(t);
-    NcclOpInfo info{"exchange", "world", describe_transfers(batch)};
     std::vector<std::size_t> order(batch.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
+    NcclOpInfo info{"exchange", "world", awaited_transfers(batch, order)};
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       return batch[a].tag < batch[b].tag;
     });

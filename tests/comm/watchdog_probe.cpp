@@ -1,7 +1,11 @@
-// Run under mpirun with 2 ranks; rank 1 misbehaves so that rank 0 would wait forever:
-//   collective  rank 1 never joins a TP all-reduce       (watchdog, 1 s)
-//   exchange    rank 1 never sends what rank 0 receives  (watchdog, 1 s)
-//   abort       rank 1 calls World::abort while rank 0 sits in a barrier
+// Run under mpirun; one rank misbehaves so that the others would wait forever:
+//   collective  (2 ranks) rank 1 never joins a TP all-reduce        (watchdog, 1 s)
+//   exchange    (2 ranks) rank 1 never sends what rank 0 receives   (watchdog, 1 s)
+//   abort       (2 ranks) rank 1 calls World::abort while rank 0 sits in a barrier
+//   lost        (4 ranks) rank 3 never joins the all-reduce of 0, 1 and 2: whichever
+//               times out first names 3 alone as silent, since the others answer
+//   elsewhere   (2 ranks) rank 1 waits in a barrier while rank 0 waits in an
+//               all-reduce: both are alive, and each says that the other answered
 // The job must end non-zero, fast, with the message; expect_failure.sh checks that.
 #include <chrono>
 #include <cstdio>
@@ -16,20 +20,25 @@ using namespace pptrain::comm;
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "collective" && mode != "exchange" && mode != "abort") {
-    std::fprintf(stderr, "usage: %s collective|exchange|abort\n", argv[0]);
+  if (mode != "collective" && mode != "exchange" && mode != "abort" && mode != "lost" &&
+      mode != "elsewhere") {
+    std::fprintf(stderr, "usage: %s collective|exchange|abort|lost|elsewhere\n", argv[0]);
     return 2;
   }
-  Comms c = make_mpi_comms(RankGrid(2, 1, 1), mode == "abort" ? 60.0 : 1.0);
+  const int ranks = mode == "lost" ? 4 : 2;
+  Comms c = make_mpi_comms(RankGrid(ranks, 1, 1), mode == "abort" ? 60.0 : 1.0);
   std::vector<float> data(16, 1.0f);
-  if (c.world->rank() == 1) {
+  const int misbehaving = ranks - 1;
+  if (c.world->rank() == misbehaving) {
     if (mode == "abort") c.world->abort("rank one gives up");
+    if (mode == "elsewhere") c.world->barrier();
     std::this_thread::sleep_for(std::chrono::seconds(60));  // killed long before
     return 0;
   }
-  if (mode == "collective") c.tp->all_reduce(data.data(), data.size(), ReduceOp::Sum);
+  if (mode == "collective" || mode == "lost" || mode == "elsewhere")
+    c.tp->all_reduce(data.data(), data.size(), ReduceOp::Sum);
   if (mode == "exchange") c.world->exchange({{Transfer::Recv, 1, data.data(), 16, 7}});
   if (mode == "abort") c.world->barrier();
-  std::fprintf(stderr, "rank 0 was not stopped\n");
+  std::fprintf(stderr, "rank %d was not stopped\n", c.world->rank());
   return 0;
 }

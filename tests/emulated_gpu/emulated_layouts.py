@@ -292,7 +292,8 @@ def check_checkpoints(work, failures):
 
 
 def check_stalled_rank(work, failures):
-    """SIGSTOP rank 1 of a pp=2 run: rank 0's watchdog must end the job with exit 3."""
+    """SIGSTOP rank 1 of a pp=2 run: rank 0's watchdog must end the job with exit 3,
+    naming rank 1 as the peer that did not answer its liveness check."""
     timeout_s = 5
     metrics = os.path.join(work, "stall.jsonl")
     argv = [EMULATED, "--config", CONFIG] + jobs.overrides(
@@ -310,8 +311,10 @@ def check_stalled_rank(work, failures):
         rc = job.wait(timeout_s + 60)
         took = time.time() - stopped_at
         text = job.output()
-        # "rank R: <operation> on group <name> did not complete within 5 s (peers: ...)"
-        named = re.search(r"rank \d+: \w+ on group \S+ did not complete within 5 s \(peers: \w", text)
+        # "rank R: <operation> on group <name> did not complete within 5 s (peers: ...;
+        # no answer within 1 s from 1); aborting"
+        named = re.search(r"rank \d+: \w+ on group \S+ did not complete within 5 s "
+                          r"\(peers: [^;]+; no answer within 1 s from 1\)", text)
         ok = rc == 3 and named
         line = next((l for l in text.splitlines() if "did not complete" in l), "(no watchdog line)")
         print(f"stalled rank 1: exit {rc} after {took:.1f} s; {line.strip()} -> "

@@ -57,12 +57,13 @@ model=(--set model.n_layer=4 --set model.n_head=4 --set model.d_model=128
        --set parallel.comm_timeout_s=60)
 
 # submit_job NAME BINARY [--set ...]: multinode.sbatch on every host; prints the job id.
+# dp is PPTRAIN_DP when set, else HOSTS / 2 (pp 2 across the hosts).
 submit_job() {
   local name=$1 binary=$2; shift 2
   local dir=$work/$name
   mkdir -p "$dir"
   (cd "$src" && OMPI_MCA_btl_base_verbose=100 OMPI_MCA_btl_vader_eager_limit=4096 \
-    OMPI_MCA_btl_tcp_eager_limit=4096 PPTRAIN_DP=$((hosts / 2)) sbatch --parsable \
+    OMPI_MCA_btl_tcp_eager_limit=4096 PPTRAIN_DP=${PPTRAIN_DP:-$((hosts / 2))} sbatch --parsable \
     --cpus-per-task=1 --time=5 --chdir="$dir" --nodes="$hosts" --ntasks-per-node=2 \
     --gres=none --export=ALL,PPTRAIN="$binary" scripts/slurm/multinode.sbatch \
     "$src/configs/tiny.yaml" "${model[@]}" --set logging.metrics="$dir/metrics.jsonl" \
@@ -189,19 +190,21 @@ if ((hosts == 2)); then
     done
     took=$((SECONDS - since))
   }
-  # timeout_line NAME: the job's line naming rank, group and operation (call it as
-  # `x=$(...) || exit 1`: fail only ends the command substitution).
+  # timeout_line NAME: the job's line naming rank, group and operation, and the peers
+  # that did not answer the liveness check (call it as `x=$(...) || exit 1`: fail only
+  # ends the command substitution).
   timeout_line() {
     local line
     line=$(grep -h "did not complete within $timeout s" "$work"/$1/*.err | head -n 1)
-    [[ $line =~ rank\ [0-9]+:\ .*\ on\ group\ .* ]] ||
-      fail "$1: no line names rank, group and operation"
+    [[ $line =~ rank\ [0-9]+:\ .*\ on\ group\ .*no\ answer\ within\ 1\ s\ from\ [0-9,]+\) ]] ||
+      fail "$1: no line names rank, group, operation and the silent peers: $line"
     echo "$line"
   }
-  # same_as_whole NAME: each step's last logged row (a step run again after a resume
-  # counts once, its second run) equals the uninterrupted run's, steps contiguous to 600.
+  # same_as_whole NAME [WHOLE]: each step's last logged row (a step run again after a
+  # resume counts once, its second run) equals the uninterrupted run WHOLE's (default
+  # job_whole), steps contiguous to 600.
   same_as_whole() {
-    python3 - "$work/$1/metrics.jsonl" "$work/job_whole/metrics.jsonl" <<'EOF' ||
+    python3 - "$work/$1/metrics.jsonl" "$work/${2:-job_whole}/metrics.jsonl" <<'EOF' ||
 import json, sys
 last = {}
 for r in map(json.loads, open(sys.argv[1])):
@@ -232,12 +235,16 @@ EOF
   same=$(same_as_whole job_resumed) || exit 1
   echo "cut link, resumed: $same"
 fi
-# A lost node: every process of host 2 (its slurmd too) killed mid-run. The ranks on
-# host 1 end within parallel.comm_timeout_s plus the abort's grace, exit 3; train.sbatch
-# requeues the job; host 2 comes back (rebooted); the requeued job resumes from the last
+# A lost node: every process of host 2 (its slurmd too) killed mid-run. The layout is
+# dp 2 across the hosts (tp 2 inside, pp 1), so the ranks on host 1 wait in collectives
+# of both hosts. They end within parallel.comm_timeout_s plus the abort's grace, exit 3,
+# naming host 2's ranks (2, 3) as the peers that did not answer; train.sbatch requeues
+# the job; host 2 comes back (rebooted); the requeued job resumes from the last
 # checkpoint and ends with the uninterrupted run's losses and gradient norms, bit for bit.
 if ((hosts == 2)); then
-  id=$(submit_job job_lost "$pptrain" "${long[@]}") || exit 1
+  across=(--set parallel.micro_batches=2)
+  PPTRAIN_DP=2 run_job job_whole_dp "$pptrain" "${long[@]}" "${across[@]}"
+  id=$(PPTRAIN_DP=2 submit_job job_lost "$pptrain" "${long[@]}" "${across[@]}") || exit 1
   wait_for_step job_lost
   "$here/slurm_cluster.sh" kill-host "$cluster" node2
   ranks_end "host 2 died"
@@ -247,7 +254,8 @@ if ((hosts == 2)); then
   [[ $restarts == 1 ]] || fail "job_lost: $restarts restarts, expected 1"
   grep -q "resumed from .*step_" "$work"/job_lost/*.out || fail "job_lost did not resume"
   line=$(timeout_line job_lost) || exit 1
-  same=$(same_as_whole job_lost) || exit 1
+  [[ $line =~ from\ (2|3|2,3)\) ]] || fail "job_lost: host 2's ranks are not the silent ones: $line"
+  same=$(same_as_whole job_lost job_whole_dp) || exit 1
   echo "lost host: its peers ended within ${took} s ($line); requeued, resumed: $same"
 fi
 # One checkpoint directory on storage both hosts share: a job on host 2 is refused while
