@@ -61,9 +61,9 @@ def sgemm_ceiling(threads):
     return max(rates), family
 
 
-def run_pptrain(config, shape, batch, micro_batches, attention, threads, steps, work):
+def pptrain_args(config, shape, batch, micro_batches, attention, threads, steps, metrics):
+    """The command line that trains one shape, logging every step to `metrics`."""
     n_layer, n_head, d_model, seq_len, vocab = shape
-    metrics = os.path.join(work, "metrics.jsonl")
     sets = [f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.d_model={d_model}",
             f"model.seq_len={seq_len}", f"model.vocab_size={vocab}",
             f"parallel.micro_batches={micro_batches}",
@@ -75,6 +75,12 @@ def run_pptrain(config, shape, batch, micro_batches, attention, threads, steps, 
     args = [PPTRAIN, "--config", config]
     for s in sets:
         args += ["--set", s]
+    return args
+
+
+def run_pptrain(config, shape, batch, micro_batches, attention, threads, steps, work):
+    metrics = os.path.join(work, "metrics.jsonl")
+    args = pptrain_args(config, shape, batch, micro_batches, attention, threads, steps, metrics)
     start = time.monotonic()
     proc = subprocess.Popen(args)
     first_line_at = None
