@@ -2,7 +2,6 @@
 // that end the job on an error, the watchdog wait, abort and teardown.
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
