@@ -5,6 +5,11 @@
 // splits the (batch, query head) pairs over the OpenMP threads; the backward splits the
 // (batch, key/value head) pairs, each running its group's query heads in order, so
 // nothing depends on the thread count. Selected by train.attention: fused on the CPU.
+//
+// The same kernels take the queries of one piece of the sequence and the keys of another
+// (SeqChunk), causal by position in the whole sequence: the steps of ring attention,
+// where each context-parallel rank holds pieces of every sequence. The whole-sequence
+// forms are the case of one piece against itself.
 #include <cblas.h>
 #include <omp.h>
 
@@ -38,12 +43,24 @@ struct Head {
   std::size_t out_offset;  // of row 0 in out/dout
 };
 
-Head head_of(const float* qkv, int b, int h, int T, const AttentionLayout& L) {
-  const float* rows = qkv + static_cast<std::size_t>(b) * T * L.W;  // batch b's
+// Query head h of batch b from piece q, its key/value head from piece kv.
+Head head_of(const SeqChunk& q, const SeqChunk& kv, int b, int h, const AttentionLayout& L) {
+  const float* q_rows = q.qkv + static_cast<std::size_t>(b) * q.len * L.W;  // batch b's
+  const float* kv_rows = kv.qkv + static_cast<std::size_t>(b) * kv.len * L.W;
   const int kvh = h / L.group;
-  return {rows + static_cast<std::size_t>(h) * L.hs, rows + L.k_offset(kvh),
-          rows + L.v_offset(kvh),
-          static_cast<std::size_t>(b) * T * L.C + static_cast<std::size_t>(h) * L.hs};
+  return {q_rows + static_cast<std::size_t>(h) * L.hs, kv_rows + L.k_offset(kvh),
+          kv_rows + L.v_offset(kvh),
+          static_cast<std::size_t>(b) * q.len * L.C + static_cast<std::size_t>(h) * L.hs};
+}
+
+// How many of the keys c0.. (cols of them) query row `row` of q may see: those at or
+// before its position in the whole sequence.
+int visible(const SeqChunk& q, int row, const SeqChunk& kv, int c0, int cols) {
+  return std::clamp(q.first + row - (kv.first + c0) + 1, 0, cols);
+}
+// The end of the keys of kv that query rows before r1 of q may see.
+int keys_end(const SeqChunk& q, int r1, const SeqChunk& kv) {
+  return std::clamp(q.first + r1 - kv.first, 0, kv.len);
 }
 
 // Per-thread scratch of the blocked kernels: three R x R tiles and R x hs accumulators.
@@ -71,34 +88,47 @@ std::size_t CpuOps::blocked_tile_floats(int hs) { return std::size_t(2) * R * R 
 
 void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv, int B, int T,
                                        int C, int NH, int NKV) {
-  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
-  const int hs = L.hs, W = L.W;
+  const SeqChunk whole{qkv, 0, T};
+  blocked_forward(out, lse, whole, whole, B, C, NH, NKV, false);
+}
+
+void CpuOps::ring_attention_forward_step(float* out, float* lse, const SeqChunk& q,
+                                         const SeqChunk& kv, int B, int C, int NH, int NKV) {
+  blocked_forward(out, lse, q, kv, B, C, NH, NKV, true);
+}
+
+void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv, int B,
+                             int C, int NH, int NKV, bool merge) {
+  const AttentionLayout L = attention_layout(B, q.len, C, NH, NKV);
+  const int hs = L.hs, W = L.W, T = q.len;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
   for_each_tiled(scratch, per_thread, per_thread, B * NH,
                  [&](int bh, const Tiles& t, float* /*extra*/) {
-    const Head hd = head_of(qkv, bh / NH, bh % NH, T, L);
+    const Head hd = head_of(q, kv, bh / NH, bh % NH, L);
     float* row_lse = lse + static_cast<std::size_t>(bh) * T;
     for (int r0 = 0; r0 < T; r0 += R) {
       const int r1 = std::min(T, r0 + R), rows = r1 - r0;
+      const int c_end = keys_end(q, r1, kv);
       float row_max[R];
       double row_sum[R];
       std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
       std::fill(row_sum, row_sum + rows, 0.0);
       std::fill(t.acc, t.acc + static_cast<std::size_t>(rows) * hs, 0.0f);
-      for (int c0 = 0; c0 < r1; c0 += R) {
-        const int c1 = std::min(r1, c0 + R), cols = c1 - c0;
+      for (int c0 = 0; c0 < c_end; c0 += R) {
+        const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
         sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
               hd.k + static_cast<std::size_t>(c0) * W, W, 0.0f, t.s, R);
         for (int i = 0; i < rows; ++i) {
           float* s = t.s + static_cast<std::size_t>(i) * R;
-          const int valid = std::min(cols, r0 + i - c0 + 1);  // causal: keys up to row r0 + i
+          const int valid = visible(q, r0 + i, kv, c0, cols);
+          std::fill(s + valid, s + cols, 0.0f);
+          if (valid == 0) continue;  // p is 0: this row's acc is unchanged
           const float m_old = row_max[i];
           const float m_new = std::max(m_old, cpu::row_max(s, valid));
           const float rescale = cpu::exp_nonpositive(m_old - m_new);
           for (int j = 0; j < valid; ++j) s[j] = cpu::exp_nonpositive(s[j] - m_new);
-          std::fill(s + valid, s + cols, 0.0f);
           row_sum[i] = row_sum[i] * rescale + cpu::row_sum(s, valid);
           row_max[i] = m_new;
           float* a = t.acc + static_cast<std::size_t>(i) * hs;
@@ -109,11 +139,24 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
               hd.v + static_cast<std::size_t>(c0) * W, W, 1.0f, t.acc, hs);
       }
       for (int i = 0; i < rows; ++i) {
-        const float inv = static_cast<float>(1.0 / row_sum[i]);
         float* o = out + hd.out_offset + static_cast<std::size_t>(r0 + i) * C;
         const float* a = t.acc + static_cast<std::size_t>(i) * hs;
-        for (int d = 0; d < hs; ++d) o[d] = a[d] * inv;
-        row_lse[r0 + i] = static_cast<float>(row_max[i] + std::log(row_sum[i]));
+        if (!merge) {
+          const float inv = static_cast<float>(1.0 / row_sum[i]);
+          for (int d = 0; d < hs; ++d) o[d] = a[d] * inv;
+          row_lse[r0 + i] = static_cast<float>(row_max[i] + std::log(row_sum[i]));
+          continue;
+        }
+        if (row_sum[i] == 0.0) continue;  // no key of this piece is visible to the row
+        // out and lse so far (lse -inf: nothing yet) merged with this piece's, each
+        // weighted by its share of the row's total exp-sum.
+        const double piece = row_max[i] + std::log(row_sum[i]), before = row_lse[r0 + i];
+        const double top = std::max(piece, before);
+        const double w_before = std::exp(before - top), w_piece = std::exp(piece - top);
+        const double total = w_before + w_piece;
+        const double keep = w_before / total, add = w_piece / (total * row_sum[i]);
+        for (int d = 0; d < hs; ++d) o[d] = static_cast<float>(o[d] * keep + a[d] * add);
+        row_lse[r0 + i] = static_cast<float>(top + std::log(total));
       }
     }
   });
@@ -122,8 +165,22 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
 void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
                                         const float* out, const float* lse, int B, int T, int C,
                                         int NH, int NKV) {
-  const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
-  const int hs = L.hs, W = L.W;
+  const SeqChunk whole{qkv, 0, T};
+  blocked_backward(dqkv, dqkv, dout, out, lse, whole, whole, B, C, NH, NKV, false);
+}
+
+void CpuOps::ring_attention_backward_step(float* dq, float* dkv, const float* dout,
+                                          const float* out, const float* lse, const SeqChunk& q,
+                                          const SeqChunk& kv, int B, int C, int NH, int NKV) {
+  blocked_backward(dq, dkv, dout, out, lse, q, kv, B, C, NH, NKV, true);
+}
+
+void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout,
+                              const float* out, const float* lse, const SeqChunk& q,
+                              const SeqChunk& kv, int B, int C, int NH, int NKV,
+                              bool accumulate) {
+  const AttentionLayout L = attention_layout(B, q.len, C, NH, NKV);
+  const int hs = L.hs, W = L.W, T = q.len;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs) + static_cast<std::size_t>(T);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
@@ -131,10 +188,10 @@ void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const fl
   for_each_tiled(scratch, per_thread, blocked_tile_floats(hs), B * NKV,
                  [&](int bkv, const Tiles& t, float* delta) {
     const int b = bkv / NKV, kvh = bkv % NKV;
-    const std::size_t base = static_cast<std::size_t>(b) * T * W;  // batch b's first row
-    float* dk = dqkv + base + L.k_offset(kvh);
-    float* dv = dqkv + base + L.v_offset(kvh);
-    for (int r = 0; r < T; ++r) {
+    const std::size_t base = static_cast<std::size_t>(b) * kv.len * W;  // batch b's first row
+    float* dk = dkv_rows + base + L.k_offset(kvh);
+    float* dv = dkv_rows + base + L.v_offset(kvh);
+    for (int r = 0; r < kv.len && !accumulate; ++r) {
       const std::size_t at = static_cast<std::size_t>(r) * W;
       std::fill(dk + at, dk + at + hs, 0.0f);
       std::fill(dv + at, dv + at + hs, 0.0f);
@@ -143,23 +200,25 @@ void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const fl
     // one of those key blocks in order: every dk/dv row receives its contributions in
     // the same sequence on any thread count.
     for (int h = kvh * L.group; h < (kvh + 1) * L.group; ++h) {
-      const Head hd = head_of(qkv, b, h, T, L);
+      const Head hd = head_of(q, kv, b, h, L);
       const float* row_lse = lse + (static_cast<std::size_t>(b) * NH + h) * T;
       const float* d_head = dout + hd.out_offset;
       const float* o_head = out + hd.out_offset;
-      float* dq = dqkv + (hd.q - qkv);
+      float* dq = dq_rows + (hd.q - q.qkv);
       for (int r = 0; r < T; ++r) {
         const std::size_t at = static_cast<std::size_t>(r) * C;
         delta[r] = static_cast<float>(cpu::row_dot(d_head + at, o_head + at, hs));
-        std::fill(dq + static_cast<std::size_t>(r) * W, dq + static_cast<std::size_t>(r) * W + hs,
-                  0.0f);
+        if (!accumulate)
+          std::fill(dq + static_cast<std::size_t>(r) * W,
+                    dq + static_cast<std::size_t>(r) * W + hs, 0.0f);
       }
       for (int r0 = 0; r0 < T; r0 += R) {
         const int r1 = std::min(T, r0 + R), rows = r1 - r0;
+        const int c_end = keys_end(q, r1, kv);
         const float* q_rows = hd.q + static_cast<std::size_t>(r0) * W;
         const float* d_rows = d_head + static_cast<std::size_t>(r0) * C;
-        for (int c0 = 0; c0 < r1; c0 += R) {
-          const int c1 = std::min(r1, c0 + R), cols = c1 - c0;
+        for (int c0 = 0; c0 < c_end; c0 += R) {
+          const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
           const std::size_t key_rows = static_cast<std::size_t>(c0) * W;
           // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
           sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, W, 0.0f, t.s, R);
@@ -167,7 +226,7 @@ void CpuOps::attention_backward_blocked(float* dqkv, const float* dout, const fl
           for (int i = 0; i < rows; ++i) {
             float* p = t.s + static_cast<std::size_t>(i) * R;
             float* g = t.dp + static_cast<std::size_t>(i) * R;
-            const int valid = std::min(cols, r0 + i - c0 + 1);
+            const int valid = visible(q, r0 + i, kv, c0, cols);
             const float l = row_lse[r0 + i], dlt = delta[r0 + i];
             for (int j = 0; j < valid; ++j) {
               p[j] = cpu::exp_nonpositive(std::min(p[j] - l, 0.0f));

@@ -196,6 +196,14 @@ class Fp32Forwarding : public Ops {
   }
 };
 
+// A piece of the sequence for the blocked attention kernels: its rows of q, k and v
+// ([B, len, W], the qkv layout) and the position of its first row in the whole sequence.
+struct SeqChunk {
+  const float* qkv;
+  int first;
+  int len;
+};
+
 class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
  public:
   // blocked_attention: attention in blocks, saving no T x T probabilities.
@@ -288,6 +296,18 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void attention_backward_blocked(float* dqkv, const float* dout, const float* qkv,
                                   const float* out, const float* lse, int B, int T, int C, int NH,
                                   int NKV);
+  // One step of ring attention (context parallelism): the queries of piece q against the
+  // keys and values of piece kv, causal by position in the whole sequence. The forward
+  // merges that attention into out [B,q.len,C] and lse [B,NH,q.len] (start from out 0
+  // and lse -inf; after every piece of the sequence they are the whole-sequence
+  // forward's rows of q). The backward, given those final out and lse, adds the step's
+  // gradients to the q part of dq [B,q.len,W] and the k/v parts of dkv [B,kv.len,W]
+  // (W = C + 2 C NKV / NH, the qkv row width).
+  void ring_attention_forward_step(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv,
+                                   int B, int C, int NH, int NKV);
+  void ring_attention_backward_step(float* dq, float* dkv, const float* dout, const float* out,
+                                    const float* lse, const SeqChunk& q, const SeqChunk& kv,
+                                    int B, int C, int NH, int NKV);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           int B, int T, int C, int NH, int NKV);
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
@@ -305,6 +325,13 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void add(float* out, const float* a, const float* b, std::size_t n);
 
  private:
+  // The blocked kernels on pieces q and kv: merge (forward) into out and lse rather than
+  // write them; accumulate (backward) into dq and dkv rather than write them.
+  void blocked_forward(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv, int B,
+                       int C, int NH, int NKV, bool merge);
+  void blocked_backward(float* dq, float* dkv, const float* dout, const float* out,
+                        const float* lse, const SeqChunk& q, const SeqChunk& kv, int B, int C,
+                        int NH, int NKV, bool accumulate);
   // Grow-only scratch, shared by the threads of one op call: per-thread attention tiles
   // and cross-entropy rows, double per-column sums for the column reductions and
   // per-chunk norm sums.
