@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,10 +123,10 @@ class World {
   virtual void check_progress() {}
   // The liveness check behind the watchdog's message: asks `peers` (world ranks) over a
   // channel of its own whether they are alive, waits a second for the answers, and
-  // says which were silent ("no answer within 1 s from 3"). Empty where there is none.
-  virtual std::string ask_peers(const std::vector<int>& peers) {
+  // returns those that were silent; nullopt where there is no such check.
+  virtual std::optional<std::vector<int>> silent_peers(const std::vector<int>& peers) {
     (void)peers;
-    return {};
+    return std::nullopt;
   }
   // Answers the peers' liveness checks that have arrived; every wait calls it while it
   // polls. Never blocks.

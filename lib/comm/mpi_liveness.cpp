@@ -86,11 +86,10 @@ std::vector<int> Liveness::silent(const std::vector<int>& peers) {
   return quiet;
 }
 
-std::string Liveness::report(const std::vector<int>& peers) {
+std::string Liveness::report(const std::vector<int>& silent) {
   const std::string grace = seconds_text(kLivenessGraceS);
-  const std::vector<int> quiet = silent(peers);
-  if (quiet.empty()) return std::string("every peer answered within ") + grace + " s";
-  return std::string("no answer within ") + grace + " s from " + join_ranks(quiet);
+  if (silent.empty()) return std::string("every peer answered within ") + grace + " s";
+  return std::string("no answer within ") + grace + " s from " + join_ranks(silent);
 }
 
 }  // namespace pptrain::comm::detail

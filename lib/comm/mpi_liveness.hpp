@@ -17,6 +17,10 @@ namespace pptrain::comm::detail {
 
 // How long a rank waits for its peers' answers before it names the silent ones.
 inline constexpr double kLivenessGraceS = 1.0;
+// When every awaited peer answers, the fault (if any) is a rank that one of them waits
+// for, and that peer's watchdog names it: a rank whose peers all answered keeps waiting
+// this much longer (the operation may still complete), then asks again and ends the job.
+inline constexpr double kLivenessDeferS = 3.0;
 
 // One per rank, shared by every MPI communicator of it. A rank answers its peers'
 // questions while it polls in any wait (answer), so a peer that is alive but waiting
@@ -35,9 +39,9 @@ class Liveness {
   // answering others, waits up to kLivenessGraceS for the answers. Returns the peers
   // that did not answer, in ascending order.
   std::vector<int> silent(const std::vector<int>& peers);
-  // For the watchdog line: "no answer within 1 s from 2,3", or "every peer answered
-  // within 1 s" when none is lost (they wait somewhere else).
-  std::string report(const std::vector<int>& peers);
+  // For the watchdog line, from silent()'s result: "no answer within 1 s from 2,3", or
+  // "every peer answered within 1 s" when none is lost (they wait somewhere else).
+  static std::string report(const std::vector<int>& silent);
 
  private:
   void post_question_receive();

@@ -74,8 +74,9 @@ void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info) {
   using Clock = std::chrono::steady_clock;
   constexpr int kSpins = 1000;
   constexpr auto kMaxSleep = std::chrono::microseconds(100);
-  const auto start = Clock::now();
+  auto start = Clock::now();
   const auto limit = std::chrono::duration<double>(info.timeout_s);
+  bool deferred = false;  // once, when every awaited peer answered (kLivenessDeferS)
   auto sleep = std::chrono::microseconds(1);
   const int n = static_cast<int>(requests.size());
   for (int polls = 0;; ++polls) {
@@ -86,7 +87,16 @@ void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info) {
     if (polls < kSpins) continue;
     if (info.timeout_s > 0 && Clock::now() - start > limit) {
       Awaited peers = info.peers ? info.peers(pending_requests(requests, info)) : Awaited{};
-      if (info.liveness) peers.text += "; " + info.liveness->report(peers.ranks);
+      if (info.liveness) {
+        const std::vector<int> silent = info.liveness->silent(peers.ranks);
+        if (silent.empty() && !deferred) {
+          deferred = true;
+          start += std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double>(kLivenessDeferS));
+          continue;
+        }
+        peers.text += "; " + Liveness::report(silent);
+      }
       abort_job(info.world_rank, timeout_message(info.op, info.group, info.timeout_s, peers.text),
                 kExitRunFailure);
     }

@@ -44,8 +44,9 @@ inline constexpr int kAbortGraceS = 3;
 void check_mpi(int rc, const char* call, const WaitInfo& info);
 
 // Waits for every request: tight polling first, then sleeps growing to 100 us. Past
-// info.timeout_s (if > 0) asks the awaited peers whether they are alive, prints the
-// watchdog line naming any that are silent, and aborts the job.
+// info.timeout_s (if > 0) asks the awaited peers whether they are alive; when all
+// answer it waits kLivenessDeferS more, once, and asks again. Then it prints the
+// watchdog line naming the silent peers and aborts the job.
 void wait_all(std::vector<MPI_Request>& requests, const WaitInfo& info);
 
 // Converts an element count for MPI, throwing (an internal error) when it exceeds INT_MAX.

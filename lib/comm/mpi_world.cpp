@@ -61,8 +61,9 @@ class MpiWorld final : public World {
     wait_all(requests, info);
   }
 
-  std::string ask_peers(const std::vector<int>& peers) override {
-    return shared_.liveness ? shared_.liveness->report(peers) : std::string();
+  std::optional<std::vector<int>> silent_peers(const std::vector<int>& peers) override {
+    if (!shared_.liveness) return std::nullopt;
+    return shared_.liveness->silent(peers);
   }
   void answer_peers() override {
     if (shared_.liveness) shared_.liveness->answer();

@@ -100,13 +100,21 @@ bool completed(NcclContext& ctx, cudaEvent_t done, ncclComm_t comm, const NcclOp
 }
 }  // namespace
 
-void NcclContext::check_age(std::chrono::steady_clock::time_point since, const NcclOpInfo& info) {
-  if (timeout_s_ <= 0 ||
-      std::chrono::steady_clock::now() - since <= std::chrono::duration<double>(timeout_s_))
+void NcclContext::check_age(std::chrono::steady_clock::time_point& since, bool& deferred,
+                            const NcclOpInfo& info) {
+  using Clock = std::chrono::steady_clock;
+  if (timeout_s_ <= 0 || Clock::now() - since <= std::chrono::duration<double>(timeout_s_))
     return;
   std::string peers = info.peers.text;
-  const std::string liveness = host_world_.ask_peers(info.peers.ranks);
-  if (!liveness.empty()) peers += "; " + liveness;
+  if (const auto silent = host_world_.silent_peers(info.peers.ranks)) {
+    if (silent->empty() && !deferred) {  // the fault is further on: see kLivenessDeferS
+      deferred = true;
+      since += std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(kLivenessDeferS));
+      return;
+    }
+    peers += "; " + Liveness::report(*silent);
+  }
   abort(timeout_message(info.op, info.group, timeout_s_, peers), kExitRunFailure);
 }
 
@@ -124,13 +132,14 @@ void NcclContext::stream_wait(const char* site, cudaStream_t consumer, cudaEvent
 void NcclContext::wait(cudaEvent_t done, ncclComm_t comm, const NcclOpInfo& info) {
   constexpr int kSpins = 1000;
   constexpr auto kMaxSleep = std::chrono::microseconds(100);
-  const auto start = std::chrono::steady_clock::now();
+  auto start = std::chrono::steady_clock::now();
+  bool deferred = false;
   if (host_waits_) host_waits_->add();
   auto sleep = std::chrono::microseconds(1);
   for (int polls = 0;; ++polls) {
     if (completed(*this, done, comm, info)) return;
     if (polls < kSpins) continue;
-    check_age(start, info);
+    check_age(start, deferred, info);
     check_progress();  // an older queued operation may be what holds this one
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kMaxSleep);
@@ -152,7 +161,7 @@ void NcclContext::check_progress() {
       (void)cudaEventDestroy(w.done);
       continue;
     }
-    check_age(w.queued, w.info);
+    check_age(w.queued, w.deferred, w.info);
     if (kept != i) watched_[kept] = std::move(w);
     ++kept;
   }

@@ -82,14 +82,18 @@ class NcclContext {
   cudaStream_t comm_stream_ = nullptr;
   double timeout_s_;
   int world_rank_;
-  // Ends the job naming `info` once `since` is more than the timeout ago.
-  void check_age(std::chrono::steady_clock::time_point since, const NcclOpInfo& info);
+  // Ends the job naming `info` once `since` is more than the timeout ago, unless every
+  // awaited peer answers the liveness check: then, once (`deferred`), `since` moves on
+  // by kLivenessDeferS.
+  void check_age(std::chrono::steady_clock::time_point& since, bool& deferred,
+                 const NcclOpInfo& info);
 
   struct Watched {
     cudaEvent_t done;
     ncclComm_t comm;
     NcclOpInfo info;
     std::chrono::steady_clock::time_point queued;
+    bool deferred = false;
   };
   HostWaitCounter* host_waits_;
   std::vector<ncclComm_t> comms_;  // in creation order
