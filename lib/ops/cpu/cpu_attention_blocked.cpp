@@ -191,11 +191,12 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
     const std::size_t base = static_cast<std::size_t>(b) * kv.len * W;  // batch b's first row
     float* dk = dkv_rows + base + L.k_offset(kvh);
     float* dv = dkv_rows + base + L.v_offset(kvh);
-    for (int r = 0; r < kv.len && !accumulate; ++r) {
-      const std::size_t at = static_cast<std::size_t>(r) * W;
-      std::fill(dk + at, dk + at + hs, 0.0f);
-      std::fill(dv + at, dv + at + hs, 0.0f);
-    }
+    if (!accumulate)
+      for (int r = 0; r < kv.len; ++r) {
+        const std::size_t at = static_cast<std::size_t>(r) * W;
+        std::fill(dk + at, dk + at + hs, 0.0f);
+        std::fill(dv + at, dv + at + hs, 0.0f);
+      }
     // The group's query heads in order; within one, query blocks in order, and within
     // one of those key blocks in order: every dk/dv row receives its contributions in
     // the same sequence on any thread count.
