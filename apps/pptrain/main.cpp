@@ -233,7 +233,7 @@ int run(int argc, char** argv, std::optional<pptrain::StopSignals>& signals) {
     }
     pptrain::check_schedule(config);
     if (launch.under_launcher && launch.world_size > 0 && launch.world_size != world_size(config))
-      throw pptrain::InputError(config.source_path + ": parallel: the layout tp*pp*dp = " +
+      throw pptrain::InputError(config.source_path + ": parallel: the layout tp*cp*pp*dp = " +
                                 std::to_string(world_size(config)) + " needs that many ranks, but " +
                                 launch.launcher + " started " + std::to_string(launch.world_size));
     // A multi-rank layout started by hand: start its ranks through mpirun.

@@ -141,7 +141,7 @@ class World {
 // groups.
 struct DeviceComms {
   std::unique_ptr<World> world;
-  std::unique_ptr<Group> tp, dp, pp;
+  std::unique_ptr<Group> tp, dp, pp;  // dp as in Comms
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
 };
 
@@ -153,6 +153,8 @@ struct DeviceComms {
 struct Comms {
   std::unique_ptr<World> world;
   std::unique_ptr<Group> all;  // every rank, named "world"
+  // dp: the ranks holding the same parameters, whose gradients it sums: the data-parallel
+  // group, or with context parallelism its dp * cp ranks (RankGrid::replica_group).
   std::unique_ptr<Group> tp, dp, pp;
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
   std::unique_ptr<DeviceComms> device;  // null: the backend's memory is host memory

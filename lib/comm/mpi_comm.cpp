@@ -55,14 +55,15 @@ WaitInfo startup_info(int rank, double timeout_s) {
 // All ranks meet (under the watchdog) and agree on the grid; throws on every rank alike
 // when they do not.
 void check_same_grid(const RankGrid& grid, int rank, double timeout_s) {
-  int v[6] = {grid.tp(), grid.dp(), grid.pp(), -grid.tp(), -grid.dp(), -grid.pp()};
+  int v[8] = {grid.tp(), grid.cp(), grid.dp(), grid.pp(),
+              -grid.tp(), -grid.cp(), -grid.dp(), -grid.pp()};
   WaitInfo info = startup_info(rank, timeout_s);
   std::vector<MPI_Request> req(1, MPI_REQUEST_NULL);
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, v, 6, MPI_INT, MPI_MAX, MPI_COMM_WORLD, req.data()),
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, v, 8, MPI_INT, MPI_MAX, MPI_COMM_WORLD, req.data()),
             "MPI_Iallreduce", info);
   detail::wait_all(req, info);
-  if (v[0] != -v[3] || v[1] != -v[4] || v[2] != -v[5])
-    throw InputError("ranks disagree on the parallel layout (tp, dp, pp)");
+  for (int i = 0; i < 4; ++i)
+    if (v[i] != -v[i + 4]) throw InputError("ranks disagree on the parallel layout (tp, cp, dp, pp)");
 }
 
 // Splits base by colour (< 0: not a member) with key = position in members, so the
@@ -84,9 +85,10 @@ std::unique_ptr<Group> split(const detail::MpiShared& shared, MPI_Comm base, int
   return group;
 }
 
-std::string coords(const char* kind, const char* a, int av, const char* b, int bv) {
+// "kind(a=1,b=2)", and ",cp=3" before the ")" when cp >= 0.
+std::string coords(const char* kind, const char* a, int av, const char* b, int bv, int cp = -1) {
   return std::string(kind) + "(" + a + "=" + std::to_string(av) + "," + b + "=" +
-         std::to_string(bv) + ")";
+         std::to_string(bv) + (cp >= 0 ? ",cp=" + std::to_string(cp) : std::string()) + ")";
 }
 
 }  // namespace
@@ -97,6 +99,7 @@ Comms make_mpi_comms(const RankGrid& grid, double timeout_s) {
   const int rank = session->world_rank(), size = session->world_size();
   if (grid.world_size() != size)
     throw InputError("the parallel layout tp=" + std::to_string(grid.tp()) +
+                     (grid.cp() > 1 ? " cp=" + std::to_string(grid.cp()) : std::string()) +
                      " dp=" + std::to_string(grid.dp()) + " pp=" + std::to_string(grid.pp()) +
                      " needs " + std::to_string(grid.world_size()) + " ranks, but the job has " +
                      std::to_string(size));
@@ -113,17 +116,18 @@ Comms make_mpi_comms(const RankGrid& grid, double timeout_s) {
                                  rank, timeout_s};
 
   const RankCoord c = grid.coord(rank);
+  const auto cp_of = [&grid](const RankCoord& at) { return grid.cp() > 1 ? at.cp : -1; };
   Comms comms;
   comms.timeout_s = timeout_s;
   comms.all = split(shared, base, 0, detail::every_rank(size), "world");
   comms.tp = split(shared, base, grid.tp_group_index(rank), grid.tp_group(rank),
-                   coords("tp", "dp", c.dp, "pp", c.pp));
-  comms.dp = split(shared, base, grid.dp_group_index(rank), grid.dp_group(rank),
-                   coords("dp", "tp", c.tp, "pp", c.pp));
+                   coords("tp", "dp", c.dp, "pp", c.pp, cp_of(c)));
+  comms.dp = split(shared, base, grid.replica_group_index(rank), grid.replica_group(rank),
+                   coords(grid.cp() > 1 ? "dp-cp" : "dp", "tp", c.tp, "pp", c.pp));
   comms.pp = split(shared, base, grid.pp_group_index(rank), grid.pp_group(rank),
-                   coords("pp", "tp", c.tp, "dp", c.dp));
+                   coords("pp", "tp", c.tp, "dp", c.dp, cp_of(c)));
   comms.embedding = split(shared, base, grid.embedding_group_index(rank),
-                          grid.embedding_group(rank), coords("embedding", "tp", c.tp, "dp", c.dp));
+                          grid.embedding_group(rank), coords("embedding", "tp", c.tp, "dp", c.dp, cp_of(c)));
   comms.world = detail::make_mpi_world(shared, base);
   return comms;
 }

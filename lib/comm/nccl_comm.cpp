@@ -44,7 +44,7 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
   device->world =
       detail::make_nccl_world(ctx, ctx->add_comm(detail::every_rank(size), "world", 0), size);
   device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
-  device->dp = twin(ctx, *comms.dp, grid.dp_group(rank), 2);
+  device->dp = twin(ctx, *comms.dp, grid.replica_group(rank), 2);
   device->pp = twin(ctx, *comms.pp, grid.pp_group(rank), 4);
   if (has_embedding) device->embedding = twin(ctx, *comms.embedding, grid.embedding_group(rank), 3);
   comms.device = std::move(device);

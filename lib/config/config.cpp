@@ -33,7 +33,7 @@ std::span<const Field> fields() {
       PPTRAIN_FIELD(model, seq_len),
       PPTRAIN_FIELD(model, vocab_size),     PPTRAIN_FIELD(model, rope_theta),
       PPTRAIN_FIELD(model, norm_eps),       PPTRAIN_FIELD(model, tie_embeddings),     PPTRAIN_FIELD(parallel, layout),
-      PPTRAIN_FIELD(parallel, tp),
+      PPTRAIN_FIELD(parallel, tp),          PPTRAIN_FIELD(parallel, cp),
       PPTRAIN_FIELD(parallel, pp),          PPTRAIN_FIELD(parallel, dp),
       PPTRAIN_FIELD(parallel, micro_batches), PPTRAIN_FIELD(parallel, micro_batch_size),
       PPTRAIN_FIELD(parallel, schedule),    PPTRAIN_FIELD(parallel, virtual_stages),

@@ -67,6 +67,8 @@ struct ParallelConfig {
   // explicitly are kept.
   LayoutChoice layout = LayoutChoice::Manual;
   int tp = 1;
+  // Context parallelism: every sequence split over cp ranks (ring attention).
+  int cp = 1;
   int pp = 1;
   int dp = 1;
   int micro_batches = 1;     // gradient-accumulation micro-batches per step (per DP rank)
@@ -185,8 +187,11 @@ inline int padded_vocab(const ModelConfig& m, int multiple = 128) {
 // The most ranks a layout may have (validated): beyond the largest GPU clusters built.
 inline constexpr int kMaxWorldSize = 1 << 18;
 inline int world_size(const Config& c) {  // validated: at most kMaxWorldSize
-  return c.parallel.tp * c.parallel.pp * c.parallel.dp;
+  return c.parallel.tp * c.parallel.cp * c.parallel.pp * c.parallel.dp;
 }
+// The ranks holding the same parameters, which sum their gradients (and ZeRO-1 shards
+// the optimizer over): dp * cp.
+inline int replicas(const ParallelConfig& p) { return p.dp * p.cp; }
 inline int64_t tokens_per_step(const Config& c) {
   return int64_t(c.parallel.dp) * c.parallel.micro_batches * c.parallel.micro_batch_size *
          c.model.seq_len;

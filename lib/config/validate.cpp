@@ -106,15 +106,40 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
   r.in_range("parallel.tp", p.tp, 1, kMaxWorldSize);
   r.in_range("parallel.pp", p.pp, 1, kMaxWorldSize);
   r.in_range("parallel.dp", p.dp, 1, kMaxWorldSize);
-  const long long world = (long long)p.tp * p.pp * p.dp;  // each factor <= 2^18: no overflow
+  r.in_range("parallel.cp", p.cp, 1, kMaxWorldSize);
+  // Each factor <= 2^18: tp*pp*dp fits 64 bits, and times cp once that is <= 2^18.
+  long long world = (long long)p.tp * p.pp * p.dp;
+  if (world <= kMaxWorldSize) world *= p.cp;
   if (world > kMaxWorldSize)
-    r.fail("parallel.dp", "tp*pp*dp = " + std::to_string(world) + " ranks is more than the " +
+    r.fail("parallel.dp", "tp*cp*pp*dp = " + std::to_string(world) + " ranks is more than the " +
                               std::to_string(kMaxWorldSize) + " pptrain supports");
   r.in_range("parallel.micro_batches", p.micro_batches, 1, kMaxBatch);
   r.in_range("parallel.micro_batch_size", p.micro_batch_size, 1, kMaxBatch);
   r.in_range("parallel.virtual_stages", p.virtual_stages, 1, kMaxLayers);
   if (p.zero != 0 && p.zero != 1)
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
+}
+
+// Context parallelism against the model and the other settings: what the ring supports
+// today (the CPU backend's blocked attention, GPT's learned positions).
+void validate_context_parallel(const Config& c, const Rules& r) {
+  const ParallelConfig& p = c.parallel;
+  if (p.cp == 1) return;
+  const std::string cp = std::to_string(p.cp);
+  if (c.model.seq_len % (2 * p.cp) != 0)
+    r.fail("parallel.cp", "needs model.seq_len divisible by 2 * cp, the pieces of the causal "
+                          "load balancing (got seq_len=" + std::to_string(c.model.seq_len) +
+                              ", cp=" + cp + ")");
+  if (p.layout == LayoutChoice::Auto)
+    r.fail("parallel.cp", cp + " is not yet chosen with parallel.layout: auto (give the layout)");
+  if (c.device != Device::Cpu)
+    r.fail("parallel.cp", cp + " runs on device: cpu only for now (got device " +
+                              std::string(name_of(c.device)) + ")");
+  if (!uses_fused_attention(c.train, false))
+    r.fail("parallel.cp", cp + " needs train.attention: fused or auto, the blocked attention the "
+                          "ring runs");
+  if (c.model.arch != Arch::Gpt2)
+    r.fail("parallel.cp", cp + " supports model.arch: gpt2 only for now");
 }
 
 // Cross-section rules of the parallel layout against the model. Under parallel.layout:
@@ -175,8 +200,9 @@ void validate_layout(const Config& c, const Rules& r) {
            "true needs micro_batch_size * model.seq_len divisible by parallel.tp (got " +
                std::to_string(p.micro_batch_size) + " * " + std::to_string(c.model.seq_len) +
                " token rows, tp=" + std::to_string(p.tp) + ")");
-  if (p.zero == 1 && p.dp == 1 && !chosen_later)
+  if (p.zero == 1 && replicas(p) == 1 && !chosen_later)
     r.fail("parallel.zero", "1 shards the optimizer state over data-parallel ranks and needs dp > 1");
+  validate_context_parallel(c, r);
   if (!(p.grad_bucket_mib > 0) || p.grad_bucket_mib > 65536)
     r.fail("parallel.grad_bucket_mib", "must be > 0 and at most 65536 (got " + num(p.grad_bucket_mib) + ")");
   if (!(p.comm_timeout_s > 0))

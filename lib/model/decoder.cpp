@@ -14,11 +14,13 @@ namespace pptrain {
 
 DecoderModel::DecoderModel(const ModelConfig& model, int batch, ops::Ops& ops,
                            const ModelPartition& part, comm::Group* tp,
-                           const ActivationPolicy& policy, Master master)
+                           const ActivationPolicy& policy, Master master,
+                           const ContextRing& ring)
     : cfg_(model),
       part_(part),
+      split_(ring.active() ? ring.split : SequenceSplit{1, 0, model.seq_len}),
       B_(batch),
-      T_(model.seq_len),
+      T_(split_.local_len()),
       C_(model.d_model),
       NHl_(model.n_head / part.tp_size),
       NKVl_(kv_heads(model) / part.tp_size),
@@ -28,7 +30,7 @@ DecoderModel::DecoderModel(const ModelConfig& model, int batch, ops::Ops& ops,
       ops_(ops),
       dt_(ops.compute_dtype()),
       tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
-          batch * model.seq_len),
+          batch * T_),
       layout_(param_layout(model, part)),
       params_(master == Master::InModel
                   ? ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the parameter arena")
@@ -43,6 +45,7 @@ DecoderModel::DecoderModel(const ModelConfig& model, int batch, ops::Ops& ops,
                 "only a model with a weight copy leaves its master weights to the optimizer");
   if (dt_ != DType::F32)
     weights_ = ops::Buffer(ops, layout_.total_floats() * dtype_size(dt_), "the weight copy");
+  if (ring.active()) ring_ = std::make_unique<RingAttention>(ops, ring, B_, NHl_ * hs_, NHl_, NKVl_);
 }
 
 std::vector<std::size_t> DecoderModel::layer_offsets(const std::vector<std::string>& names) const {
@@ -119,7 +122,7 @@ void DecoderModel::embed(Activations& a) {
   ops::Act* x0 = input_buffer(a);
   const int32_t* tokens = static_cast<const int32_t*>(slot(a, 0, Slot::tokens));
   const ops::Act* table = weight(embedding_name());
-  if (part_.tp_size == 1) {
+  if (part_.tp_size == 1 && split_.cp == 1) {
     ops_.embedding_forward(x0, tokens, table, 0, Vrows_, position_table(), B_, T_, C_);
     return;
   }
@@ -132,19 +135,23 @@ void DecoderModel::embed(Activations& a) {
 }
 
 // x (the held rows) += the position table's row of each row's position, one add_bias per
-// run of consecutive positions: whole sequences in one call, a partial sequence at
-// either end.
+// run of consecutive positions: the whole pieces of a run of sequences in one call, a
+// partial piece at either end. Rows are piece-major (sequence_split.hpp): row
+// (piece, b, t) is at position first(piece) + t.
 void DecoderModel::add_positions(ops::Act* x) {
   const ops::Act* positions = position_table();
+  const int len = split_.piece_len(), piece_rows = B_ * len;
   const int begin = tp_.first_row(), end = begin + tp_.rows_held();
   int row = begin;
   while (row < end) {
-    const int pos = row % T_;
-    const int whole = pos == 0 ? (end - row) / T_ : 0;  // whole sequences from here
-    const int rows = whole > 0 ? whole * T_ : std::min(T_ - pos, end - row);
+    const int piece = row / piece_rows, t = row % len;
+    const int run_end = std::min(end, (piece + 1) * piece_rows);  // this piece's rows held
+    const int whole = t == 0 ? (run_end - row) / len : 0;  // whole sequences from here
+    const int rows = whole > 0 ? whole * len : std::min(len - t, run_end - row);
+    const ops::Act* from = ops::advance(positions, size_t(split_.first(piece) + t) * C_, dt_);
     ops::Act* at = ops::advance(x, size_t(row - begin) * C_, dt_);
-    if (whole > 0) ops_.add_bias(at, positions, whole, T_ * C_);
-    else ops_.add_bias(at, ops::advance(positions, size_t(pos) * C_, dt_), 1, rows * C_);
+    if (whole > 0) ops_.add_bias(at, from, whole, len * C_);
+    else ops_.add_bias(at, from, 1, rows * C_);
     row += rows;
   }
 }
@@ -257,15 +264,30 @@ void DecoderModel::chunk_backward_weight(int chunk, Activations& a) {
     final_norm_backward_weight(act(a, Slot::dlnf), output(a), f32(a, Slot::lnf_mean),
                                f32(a, Slot::lnf_rstd), tp_.rows_held());
   }
-  if (c.first)  // every rank's token rows: its vocab rows of the embedding, all positions
-    ops_.embedding_backward(grad(embedding_name()), position_grad(),
-                            tp_.gather(input_grad(a), act(a, Slot::sp_scratch), C_),
-                            static_cast<const int32_t*>(slot(a, 0, Slot::tokens)), vocab_begin_,
-                            Vrows_, B_, T_, C_);
+  if (!c.first) return;
+  // Every rank's token rows: its vocab rows of the embedding, all positions it holds.
+  const ops::Act* dx = tp_.gather(input_grad(a), act(a, Slot::sp_scratch), C_);
+  const bool whole_sequences = split_.cp == 1;
+  ops_.embedding_backward(grad(embedding_name()), whole_sequences ? position_grad() : nullptr, dx,
+                          static_cast<const int32_t*>(slot(a, 0, Slot::tokens)), vocab_begin_,
+                          Vrows_, B_, T_, C_);
+  if (whole_sequences || !position_grad()) return;
+  // A piece's rows of every sequence add to the table rows of its positions.
+  const int len = split_.piece_len();
+  for (int p = 0; p < split_.pieces(); ++p)
+    ops_.bias_backward(position_grad() + size_t(split_.first(p)) * C_,
+                       ops::advance(dx, size_t(p) * B_ * len * C_, dt_), B_, len * C_);
 }
 
 void DecoderModel::attention_forward(const LayerView& v) {
+  if (ring_) return ring_->forward(v.atty, v.att_state, v.qkv);
   ops_.attention_forward(v.atty, v.att_state, v.qkv, B_, T_, NHl_ * hs_, NHl_, NKVl_);
+}
+
+void DecoderModel::attention_backward(const LayerView& v, const ops::Act* datty) {
+  if (ring_) return ring_->backward(v.dqkv, datty, v.qkv, v.atty, v.att_state);
+  ops_.attention_backward(v.dqkv, datty, v.qkv, v.atty, v.att_state, B_, T_, NHl_ * hs_, NHl_,
+                          NKVl_);
 }
 
 }  // namespace pptrain

@@ -22,6 +22,7 @@
 #include "model/activation_table.hpp"
 #include "model/model.hpp"
 #include "model/param_layout.hpp"
+#include "model/ring_attention.hpp"
 #include "model/tp_regions.hpp"
 #include "ops/ops.hpp"
 
@@ -36,8 +37,11 @@ class DecoderModel : public Model {
 
   // `batch` is the micro-batch size in sequences. `tp` is the tensor-parallel group for
   // the backend's arrays (may be null when part.tp_size == 1).
+  // `ring`: the context-parallel ring; the model then holds split.local_len() positions
+  // of every sequence, piece-major (topology/sequence_split.hpp).
   DecoderModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
-               comm::Group* tp, const ActivationPolicy& policy, Master master);
+               comm::Group* tp, const ActivationPolicy& policy, Master master,
+               const ContextRing& ring = {});
   ~DecoderModel() override;
 
   const ModelConfig& config() const { return cfg_; }
@@ -163,8 +167,10 @@ class DecoderModel : public Model {
 
   const ops::Act* weight(const std::string& name);
   float* grad(const std::string& name);
-  // The attention core of a layer (v.qkv -> v.atty, v.att_state).
+  // The attention core of a layer (v.qkv -> v.atty, v.att_state), and its backward
+  // (datty -> v.dqkv): on this rank's rows alone, or round the context-parallel ring.
   void attention_forward(const LayerView& v);
+  void attention_backward(const LayerView& v, const ops::Act* datty);
   // Offsets of every global layer's tensors (SIZE_MAX where not held), `names` per layer:
   // layer l's k-th tensor is at offsets[l * names.size() + k].
   std::vector<std::size_t> layer_offsets(const std::vector<std::string>& names) const;
@@ -173,7 +179,8 @@ class DecoderModel : public Model {
 
   ModelConfig cfg_;
   ModelPartition part_;
-  int B_, T_, C_;
+  SequenceSplit split_;  // the positions of every sequence this rank holds
+  int B_, T_, C_;        // T_: positions held per sequence (split_.local_len())
   int NHl_, NKVl_, hs_;   // this shard's query and key/value heads, the head size
   int Vrows_, vocab_begin_;
   ops::Ops& ops_;
@@ -209,6 +216,7 @@ class DecoderModel : public Model {
   std::vector<std::vector<ops::Buffer>> spare_until_b_, spare_from_b_;
   std::vector<ops::Buffer> spare_boundaries_;  // boundary arrays, any chunk's
   std::unique_ptr<Activations> whole_;  // activations of the single-chunk helpers
+  std::unique_ptr<RingAttention> ring_;  // null without context parallelism
 };
 
 // One micro-batch's buffers for one chunk, in backend memory, laid out by

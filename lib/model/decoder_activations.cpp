@@ -10,6 +10,7 @@ namespace pptrain {
 
 ActivationShape DecoderModel::activation_shape() const {
   ActivationShape s = model_activation_shape(cfg_, B_, part_.tp_size, dtype_size(dt_));
+  s.seq_len = T_;  // the positions this rank holds
   s.attention_state_bytes = ops_.attention_state_bytes(B_, T_, NHl_);
   return s;
 }

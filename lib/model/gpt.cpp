@@ -15,8 +15,9 @@ const std::vector<std::string> kLayerTensorNames = {
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
-                   comm::Group* tp, const ActivationPolicy& policy, Master master)
-    : DecoderModel(model, batch, ops, part, tp, policy, master),
+                   comm::Group* tp, const ActivationPolicy& policy, Master master,
+                   const ContextRing& ring)
+    : DecoderModel(model, batch, ops, part, tp, policy, master, ring),
       layer_offsets_(layer_offsets(kLayerTensorNames)) {
   PPTRAIN_CHECK(model.arch == Arch::Gpt2 && kv_heads(model) == model.n_head &&
                     ffn_width(model) == 4 * model.d_model && model.tie_embeddings,
@@ -99,7 +100,7 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
   ops_.gemm(false, true, N, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, datty);
-  ops_.attention_backward(v.dqkv, datty, v.qkv, v.atty, v.att_state, B_, T_, Cl, NHl_, NKVl_);
+  attention_backward(v, datty);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
   tp_.reduce(dln1, v.dln1, C);  // column-parallel input gradient

@@ -14,7 +14,7 @@ class GptModel : public DecoderModel {
  public:
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
            comm::Group* tp = nullptr, const ActivationPolicy& policy = {},
-           Master master = Master::InModel);
+           Master master = Master::InModel, const ContextRing& ring = {});
   GptModel(const ModelConfig& model, int batch, ops::Ops& ops)
       : GptModel(model, batch, ops, whole_model(model)) {}
 

@@ -16,8 +16,8 @@ const std::vector<std::string> kLayerTensorNames = {
 
 LlamaModel::LlamaModel(const ModelConfig& model, int batch, ops::Ops& ops,
                        const ModelPartition& part, comm::Group* tp,
-                       const ActivationPolicy& policy, Master master)
-    : DecoderModel(model, batch, ops, part, tp, policy, master),
+                       const ActivationPolicy& policy, Master master, const ContextRing& ring)
+    : DecoderModel(model, batch, ops, part, tp, policy, master, ring),
       W_((NHl_ + 2 * NKVl_) * hs_),
       Fl_(ffn_width(model) / part.tp_size),
       eps_(float(model.norm_eps)),
@@ -25,6 +25,8 @@ LlamaModel::LlamaModel(const ModelConfig& model, int batch, ops::Ops& ops,
       head_(model.tie_embeddings ? embedding_ : std::string("lm_head.weight")),
       layer_offsets_(layer_offsets(kLayerTensorNames)) {
   PPTRAIN_CHECK(model.arch == Arch::Llama && hs_ % 2 == 0, "not a llama shape");
+  // The rotary embedding takes each row's position as row % T: whole sequences only.
+  PPTRAIN_CHECK(!ring.active(), "context parallelism: llama's rotary positions are not split yet");
   init_activation_layouts();
 }
 
@@ -101,7 +103,7 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v) {
   const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
   ops_.gemm(false, false, N, Cl, C, 1.0f, dres2, w.o, 0.0f, datty);
-  ops_.attention_backward(v.dqkv, datty, v.qkv, v.atty, v.att_state, B_, T_, Cl, NHl_, NKVl_);
+  attention_backward(v, datty);
   rope(v.dqkv, true);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);

@@ -18,7 +18,7 @@ class LlamaModel : public DecoderModel {
  public:
   LlamaModel(const ModelConfig& model, int batch, ops::Ops& ops, const ModelPartition& part,
              comm::Group* tp = nullptr, const ActivationPolicy& policy = {},
-             Master master = Master::InModel);
+             Master master = Master::InModel, const ContextRing& ring = {});
 
  private:
   // One layer's tensors in the weight copy (P = const ops::Act*) or the gradient arena

@@ -10,6 +10,7 @@
 #include "config/config.hpp"
 #include "model/activation_table.hpp"
 #include "model/param_layout.hpp"
+#include "model/ring_attention.hpp"
 #include "model/stage_model.hpp"
 #include "ops/ops.hpp"
 
@@ -43,9 +44,11 @@ class Model : public StageModel {
 };
 
 // The model part `part` of `config`, micro-batches of `batch` sequences, on `ops`; `tp`
-// the tensor-parallel group for the backend's arrays (null when part.tp_size == 1).
+// the tensor-parallel group for the backend's arrays (null when part.tp_size == 1);
+// `ring` the context-parallel ring (ring_attention.hpp; none by default).
 std::unique_ptr<Model> make_model(const ModelConfig& config, int batch, ops::Ops& ops,
                                   const ModelPartition& part, comm::Group* tp,
-                                  const ActivationPolicy& policy, Model::Master master);
+                                  const ActivationPolicy& policy, Model::Master master,
+                                  const ContextRing& ring = {});
 
 }  // namespace pptrain

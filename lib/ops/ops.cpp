@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <new>
+#include <stdexcept>
 
 namespace pptrain::ops {
 
@@ -40,6 +41,15 @@ void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const 
                                 int N, int Cin, int Cout) {
   gemm(false, true, N, Cin, Cout, 1.0f, dout, w, 0.0f, dinp);
   if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, std::size_t(N) * std::size_t(Cin));
+}
+
+void Ops::ring_attention_forward_step(Act*, void*, SeqPiece, SeqPiece, int, int, int, int, bool) {
+  throw std::logic_error(name() + " has no ring attention (context parallelism)");
+}
+
+void Ops::ring_attention_backward_step(Act*, Act*, const Act*, const Act*, const void*, SeqPiece,
+                                       SeqPiece, int, int, int, int) {
+  throw std::logic_error(name() + " has no ring attention (context parallelism)");
 }
 
 }  // namespace pptrain::ops

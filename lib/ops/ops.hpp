@@ -221,6 +221,27 @@ class Ops {
   virtual void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                   const void* state, int B, int T, int C, int NH, int NKV) = 0;
 
+  // ---- Ring attention (context parallelism) ----
+  // A piece of the sequence: its rows of q, k and v ([B, len, W], the qkv layout) and the
+  // position of its first row in the whole sequence.
+  struct SeqPiece {
+    const Act* qkv;
+    int first;
+    int len;
+  };
+  // One step of the ring: the queries of piece q against the keys and values of piece
+  // kv, causal by position in the whole sequence, in the blocked (fused) form.
+  // Forward: merges into out [B,q.len,C] and the state of q's rows (as
+  // attention_state_bytes(B, q.len, NH) gives), or with `write` overwrites them (for a
+  // kv piece where every row of q sees a key: its own piece). Backward, from the final
+  // out and state: adds to the q part of dq [B,q.len,W] and to the k/v parts of dkv
+  // [B,kv.len,W]. A backend without them throws std::logic_error.
+  virtual void ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B,
+                                           int C, int NH, int NKV, bool write);
+  virtual void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
+                                            const void* state, SeqPiece q, SeqPiece kv, int B,
+                                            int C, int NH, int NKV);
+
   // ---- Embedding and loss ----
   // Vocab-parallel embedding: wte holds the rows [vocab_begin, vocab_begin+vocab_rows)
   // of the token table. out[b,t,:] = wte[tokens[b,t]-vocab_begin,:] for tokens in that

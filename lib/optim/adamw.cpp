@@ -25,7 +25,7 @@ std::vector<std::size_t> prefix_sizes(const std::vector<AdamW::Range>& ranges) {
 }
 }  // namespace
 
-bool zero_shards(const ParallelConfig& p) { return p.zero == 1 && p.dp > 1; }
+bool zero_shards(const ParallelConfig& p) { return p.zero == 1 && replicas(p) > 1; }
 
 bool optimizer_holds_master(const ParallelConfig& p, DType compute) {
   return zero_shards(p) && compute != DType::F32;

@@ -155,9 +155,9 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
   const int64_t global = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;  // sequences
   std::vector<PlanRow> rows;
   if (options.this_layout) {
-    if (p.tp * p.pp * p.dp != world)
-      throw InputError(config.source_path + ": parallel: tp*pp*dp = " +
-                       std::to_string(p.tp * p.pp * p.dp) + " ranks, but " + cluster.source +
+    if (world_size(config) != world)
+      throw InputError(config.source_path + ": parallel: tp*cp*pp*dp = " +
+                       std::to_string(world_size(config)) + " ranks, but " + cluster.source +
                        " has " + std::to_string(world));
     PlanRow r = make_row(p.tp, p.pp, p.dp, p.virtual_stages, p.micro_batch_size, p.micro_batches,
                          p.schedule, config.train.recompute, p.sequence_parallel, p.zero);

@@ -28,7 +28,7 @@ std::vector<Group> arena_groups(const ParamLayout& layout) {
 }  // namespace
 
 std::size_t group_floats(const ParallelConfig& p) {
-  return zero_shards(p) ? kAlignFloats * std::size_t(p.dp) : 1;
+  return zero_shards(p) ? kAlignFloats * std::size_t(replicas(p)) : 1;
 }
 
 std::size_t bucket_floats(const ParallelConfig& p) {

@@ -12,7 +12,7 @@ GradSync::GradSync(Session& s)
     : s_(s),
       zero_(zero_shards(s.cfg.parallel)),
       overlap_(s.cfg.parallel.overlap),
-      dp_(s.grid.dp()),
+      dp_(s.grid.replicas()),
       buckets_(plan_grad_buckets(s.model.layout(), s.model.partition(),
                                  bucket_floats(s.cfg.parallel))),
       pending_(buckets_.size()) {
@@ -29,8 +29,8 @@ GradSync::GradSync(Session& s)
     }
     after_embedding_.push_back(zero_ && holds_wte);
     const std::size_t block = b.size() / std::size_t(dp_);
-    if (zero_) owned_.emplace_back(b.begin + std::size_t(s.coord.dp) * block,
-                                   b.begin + std::size_t(s.coord.dp + 1) * block);
+    const std::size_t at = b.begin + std::size_t(s.grid.replica(s.rank)) * block;
+    if (zero_) owned_.emplace_back(at, at + block);
   }
   if (!zero_) owned_ = {{0, total}};
   if (s.cfg.parallel.sequence_parallel) {
@@ -109,7 +109,7 @@ void GradSync::finish(double grad_clip) {
   // tied copy never; each dp rank its ZeRO blocks, or dp rank 0 all when every dp rank
   // holds the same sums. The loss comes from tp rank 0 of the head stage.
   double* stats = static_cast<double*>(stats_.get());
-  const bool counts = zero_ || s_.coord.dp == 0;
+  const bool counts = zero_ || s_.grid.replica(s_.rank) == 0;
   std::vector<ops::Span> spans;
   for (const auto& [b, e] : owned_) {
     const auto part = grad_spans(
@@ -210,7 +210,7 @@ void GradSync::download_whole(AdamW& opt, const float* packed, float* host) {
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     const GradBucket& b = buckets_[i];
     const std::size_t block = b.size() / std::size_t(dp_);
-    ops.copy(whole.f32() + std::size_t(s_.coord.dp) * block, packed + opt.moment_offset(i),
+    ops.copy(whole.f32() + std::size_t(s_.grid.replica(s_.rank)) * block, packed + opt.moment_offset(i),
              block * sizeof(float));
     s_.comms.dp_for_model()->all_gather_start(whole.get(), b.size(), DType::F32)->wait_in_queue();
     ops.download(host + b.begin, whole.get(), b.size() * sizeof(float));

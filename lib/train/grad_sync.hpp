@@ -80,7 +80,7 @@ class GradSync {
 
   Session& s_;
   bool zero_, overlap_;
-  int dp_;
+  int dp_;  // the replicas (dp * cp) whose gradients are summed
   std::vector<GradBucket> buckets_;
   // ZeRO with the embedding tied across stages: the buckets holding wte reduce only after
   // the copies are summed (the stages' blocks differ).

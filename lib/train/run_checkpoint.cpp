@@ -75,20 +75,21 @@ std::string save_run_checkpoint(Session& s, const float* params, const SavedMome
     }
   agree(s, error.empty(), error);
 
-  // 2. The writers write and fsync their shards (dp rank 0 of each position its model
-  // file; it, or under ZeRO-1 every dp rank, its optimizer file); every writer's records
-  // reach every rank.
+  // 2. The writers write and fsync their shards (replica 0 of each (tp, pp) position
+  // its model file; it, or under ZeRO-1 every replica, its optimizer file: the replicas
+  // are the dp * cp ranks of the position); every writer's records reach every rank.
   const int world = s.grid.world_size();
   std::vector<double> slots(std::size_t(world) * kSlot, 0.0);
   double* slot = slots.data() + std::size_t(s.rank) * kSlot;
   try {
     const std::string tmp = temp_step_dir(ck.dir, meta.step);
     const ParamLayout& layout = s.model.layout();
-    if (s.coord.dp == 0) put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, layout, params));
+    const int replica = s.grid.replica(s.rank);
+    if (replica == 0) put(slot, write_model_shard(tmp, s.coord.tp, s.coord.pp, layout, params));
     if (by_dp)
-      put(slot + 3, write_optimizer_ranges(tmp, s.coord.tp, s.coord.pp, s.coord.dp, layout,
+      put(slot + 3, write_optimizer_ranges(tmp, s.coord.tp, s.coord.pp, replica, layout,
                                            *moments.ranges, moments.exp_avg, moments.exp_avg_sq));
-    else if (s.coord.dp == 0)
+    else if (replica == 0)
       put(slot + 3, write_optimizer_shard(tmp, s.coord.tp, s.coord.pp, layout, moments.exp_avg,
                                           moments.exp_avg_sq));
   } catch (const std::exception& e) {
@@ -104,17 +105,19 @@ std::string save_run_checkpoint(Session& s, const float* params, const SavedMome
   std::vector<FileRecord> files;
   for (int r = 0; r < world; ++r) {
     const RankCoord c = s.grid.coord(r);
+    const int replica = s.grid.replica(r);
     const double* at = slots.data() + std::size_t(r) * kSlot;
-    if (c.dp == 0) files.push_back(get(at, shard_file_name("model", c.tp, c.pp)));
+    if (replica == 0) files.push_back(get(at, shard_file_name("model", c.tp, c.pp)));
     if (by_dp)
-      files.push_back(get(at + 3, optimizer_dp_file_name(c.tp, c.pp, c.dp)));
-    else if (c.dp == 0)
+      files.push_back(get(at + 3, optimizer_dp_file_name(c.tp, c.pp, replica)));
+    else if (replica == 0)
       files.push_back(get(at + 3, shard_file_name("optimizer", c.tp, c.pp)));
   }
 
   // 3. Rank 0 writes meta.json and installs the step dir.
   if (root) try {
-      commit_step_dir(ck.dir, ck.keep, files, {s.grid.tp(), s.grid.pp(), s.grid.dp(), by_dp}, meta);
+      commit_step_dir(ck.dir, ck.keep, files,
+                      {s.grid.tp(), s.grid.pp(), s.grid.replicas(), by_dp}, meta);
     } catch (const std::exception& e) {
       error = e.what();
     }

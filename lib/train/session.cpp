@@ -94,7 +94,8 @@ ActivationPolicy activation_policy(const Config& c) {
 
 RankGrid make_grid(const Config& c) {
   const auto& p = c.parallel;
-  return RankGrid(p.tp, p.dp, p.pp, placement_of(c).head_stage(), c.model.tie_embeddings);
+  return RankGrid(GridSizes{p.tp, p.cp, p.dp, p.pp}, placement_of(c).head_stage(),
+                  c.model.tie_embeddings);
 }
 
 namespace {
@@ -124,13 +125,15 @@ Session::Session(const Config& config)
       comms(make_comms(config, grid)),
       rank(comms.world->rank()),
       coord(grid.coord(rank)),
+      split{config.parallel.cp, coord.cp, config.model.seq_len},
       ops(make_rank_backend(config, grid, comms)),
       owned_model(make_model(config.model, config.parallel.micro_batch_size, *ops,
                              rank_partition(config, coord.pp, coord.tp), comms.tp_for_model(),
                              activation_policy(config),
                              optimizer_holds_master(config.parallel, ops->compute_dtype())
                                  ? Model::Master::InOptimizer
-                                 : Model::Master::InModel)),
+                                 : Model::Master::InModel,
+                             ContextRing{split, &comms.world_for_model(), grid.cp_group(rank)})),
       model(*owned_model),
       executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
@@ -174,21 +177,25 @@ double validation_loss(Session& s, const std::vector<int32_t>& tokens, int max_b
   PPTRAIN_CHECK(windows > 0, "validation data holds no whole window");
   const int batches = int((windows + B - 1) / B);
   // A partial last batch repeats its first window in the unused rows; only the real
-  // rows are counted.
+  // rows are counted. A context-parallel rank holds its pieces of each window (s.split)
+  // and sums their losses; the cp ranks' sums add up to the window's.
   auto fill = [&](int mb, int32_t* in, int32_t* tg) {
     const int64_t first = int64_t(mb) * B;
     const int rows = int(std::min<int64_t>(B, windows - first));
     for (int b = 0; b < B; ++b) {
       const int32_t* w = tokens.data() + (first + (b < rows ? b : 0)) * (T + 1);
-      std::copy(w, w + T, in + size_t(b) * T);
-      std::copy(w + 1, w + T + 1, tg + size_t(b) * T);
+      s.split.take(w, B, b, in);
+      s.split.take(w + 1, B, b, tg);
     }
   };
   std::vector<float> losses;
   s.executor.evaluate(batches, fill, &losses);
+  const std::size_t batch_rows = std::size_t(B) * s.split.local_len();
   double sum = 0;
   for (int64_t w = 0; w < windows && !losses.empty(); ++w)
-    for (int t = 0; t < T; ++t) sum += losses[size_t(w) * T + size_t(t)];
+    for (int p = 0; p < s.split.pieces(); ++p)
+      for (int t = 0; t < s.split.piece_len(); ++t)
+        sum += losses[std::size_t(w / B) * batch_rows + s.split.row(B, int(w % B), p, t)];
   const bool holder = s.head_stage() && s.coord.tp == 0 && s.coord.dp == 0;
   return share(s, sum / (double(windows) * T), holder);
 }

@@ -10,9 +10,11 @@
 #include "config/config.hpp"
 #include "core/error.hpp"
 #include "model/model.hpp"
+#include "model/ring_attention.hpp"
 #include "ops/ops.hpp"
 #include "pipeline/executor.hpp"
 #include "topology/rank_grid.hpp"
+#include "topology/sequence_split.hpp"
 #include "train/memory_check.hpp"
 
 namespace pptrain {
@@ -61,6 +63,7 @@ struct Session {
   comm::Comms comms;
   int rank;
   RankCoord coord;
+  SequenceSplit split;  // the positions of every sequence this rank holds
   std::unique_ptr<ops::Ops> ops;
   std::unique_ptr<Model> owned_model;  // the config's architecture (make_model)
   Model& model;

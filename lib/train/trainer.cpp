@@ -246,10 +246,11 @@ void RankTrainer::log_start() const {
   if (!s_.logs()) return;
   const auto& par = cfg_.parallel;
   spdlog::info("data: {}; validation: {} tokens", data_.describe(), val_.size());
-  spdlog::info("model: {} parameters; {} tokens per step; layout tp {} pp {} dp {}, {} ranks, "
+  spdlog::info("model: {} parameters; {} tokens per step; layout tp {}{} pp {} dp {}, {} ranks, "
                "schedule {} (theoretical bubble {:.3f})",
                param_layout(cfg_.model).hf_param_count(), tokens_per_step(cfg_), par.tp,
-               par.pp, par.dp, s_.grid.world_size(), name_of(par.schedule), bubble_theory_);
+               par.cp > 1 ? fmt::format(" cp {}", par.cp) : std::string(), par.pp, par.dp,
+               s_.grid.world_size(), name_of(par.schedule), bubble_theory_);
   spdlog::info("backend: {}{}", s_.ops->name(),
                peak_tflops_ > 0 ? fmt::format("; MFU against {:.0f} TFLOP/s per GPU", peak_tflops_)
                                 : std::string());
@@ -267,6 +268,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   s_.model.zero_grads();
   // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
   // (d * M + mb) * B + j: the step's batch does not depend on the layout.
+  // A context-parallel rank takes its pieces of each sequence (s_.split).
   std::vector<int32_t> window(size_t(T) + 1);
   auto fill = [&](int mb, int32_t* in, int32_t* tg) {
     for (int b = 0; b < B; ++b) {
@@ -275,11 +277,14 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
       } catch (const DataChanged& e) {  // the other ranks wait in a collective: end them too
         s_.comms.world_for_model().abort(e.what(), kExitRunFailure);
       }
-      std::copy(window.begin(), window.end() - 1, in + size_t(b) * T);
-      std::copy(window.begin() + 1, window.end(), tg + size_t(b) * T);
+      s_.split.take(window.data(), B, b, in);
+      s_.split.take(window.data() + 1, B, b, tg);
     }
   };
-  s_.executor.train_step(fill, 1.0f / float(M * par.dp), sync_.loss_total(), sync_.hooks());
+  // Each of the step's micro-batches on each replica (dp * cp of them, every one the same
+  // number of tokens) adds its mean loss: the step's loss is their mean.
+  const int means = M * s_.grid.replicas();
+  s_.executor.train_step(fill, 1.0f / float(means), sync_.loss_total(), sync_.hooks());
   const std::size_t comm_begin = ops.mark();
   sync_.finish(cfg_.train.grad_clip);
   const std::size_t comm_end = ops.mark();
@@ -306,7 +311,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     trace_->add("optimizer", step + 1, t1 - std::chrono::duration_cast<Clock::duration>(update_span),
                 t1);
   }
-  o.loss = sync_.loss_sum() / (M * par.dp);
+  o.loss = sync_.loss_sum() / means;
   o.grad_norm = sync_.grad_norm();
   check_finite(step, o.loss, o.grad_norm);
   o.device_syncs = ops.host_waits() ? ops.host_waits()->count() - waits_before : 0;

@@ -182,6 +182,7 @@ CASES = [
      ["--config", "bad.yaml"]),
     ("C35", [], TRAIN + HUGE),
     ("C36", [], TRAIN + HUGE + ["--set", "parallel.dp=2"]),
+    ("C37", [], TRAIN + ["--set", "parallel.cp=3"]),
     ("C29", [], CHECK + ["--set", "model.vocab_size=2147483600"]),
     ("C30", [], CHECK + ["--set", "parallel.dp=1000000"]),
     ("C31", [], CHECK + ["--set", "parallel.pp=1024", "--set", "parallel.dp=1024"]),

@@ -234,5 +234,76 @@ TEST(RankGrid, DescribeGolden) {
   EXPECT_EQ(RankGrid(2, 2, 2).describe(), expected);
 }
 
+// Context parallelism: tp-cp-dp-pp, by hand for tp2 cp2 pp2 and cp2 dp2.
+TEST(RankGrid, ContextParallelGolden) {
+  const RankGrid a(GridSizes{2, 2, 1, 2});  // rank = tp + 2 cp + 4 pp
+  EXPECT_EQ(a.world_size(), 8);
+  EXPECT_EQ(a.coord(6), (RankCoord{0, 0, 1, 1}));
+  EXPECT_EQ(a.rank(RankCoord{1, 0, 0, 1}), 3);
+  EXPECT_EQ(a.all_tp_groups(), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(a.all_cp_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(a.all_dp_groups(), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  EXPECT_EQ(a.all_replica_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(a.all_pp_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(a.all_embedding_groups(), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  const RankGrid b(GridSizes{1, 2, 2, 1});  // rank = cp + 2 dp
+  EXPECT_EQ(b.all_cp_groups(), (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(b.all_dp_groups(), (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(b.all_replica_groups(), (Groups{{0, 1, 2, 3}}));
+  EXPECT_EQ(b.replicas(), 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(b.replica(r), r);
+  EXPECT_THROW(RankGrid(GridSizes{1, 0, 1, 1}), std::invalid_argument);
+}
+
+TEST(RankGrid, ContextParallelPartitions) {
+  for (int tp : {1, 2, 3})
+    for (int cp : {1, 2, 4})
+      for (int dp : {1, 3})
+        for (int pp : {1, 2}) {
+          const RankGrid grid(GridSizes{tp, cp, dp, pp});
+          SCOPED_TRACE(shape(tp, dp, pp) + " cp=" + std::to_string(cp));
+          int expected = 0;
+          for (int p = 0; p < pp; ++p)
+            for (int d = 0; d < dp; ++d)
+              for (int c = 0; c < cp; ++c)
+                for (int t = 0; t < tp; ++t) {
+                  const RankCoord rc{t, d, p, c};
+                  ASSERT_EQ(grid.rank(rc), expected);
+                  ASSERT_EQ(grid.coord(expected), rc);
+                  ++expected;
+                }
+          check_partition(grid, grid.all_tp_groups(), tp, &RankGrid::tp_group_index,
+                          &RankGrid::tp_group);
+          check_partition(grid, grid.all_cp_groups(), cp, &RankGrid::cp_group_index,
+                          &RankGrid::cp_group);
+          check_partition(grid, grid.all_dp_groups(), dp, &RankGrid::dp_group_index,
+                          &RankGrid::dp_group);
+          check_partition(grid, grid.all_replica_groups(), cp * dp,
+                          &RankGrid::replica_group_index, &RankGrid::replica_group);
+          check_partition(grid, grid.all_pp_groups(), pp, &RankGrid::pp_group_index,
+                          &RankGrid::pp_group);
+          for (int r = 0; r < grid.world_size(); ++r)
+            EXPECT_EQ(grid.replica_group(r).at(grid.replica(r)), r);
+        }
+}
+
+TEST(RankGrid, DescribeContextParallel) {
+  const std::string text = RankGrid(GridSizes{1, 2, 1, 1}).describe();
+  EXPECT_EQ(text,
+            "rank grid tp=1 cp=2 dp=1 pp=1 (world 2, order tp-cp-dp-pp)\n"
+            "rank 0: tp=0 cp=0 dp=0 pp=0\n"
+            "rank 1: tp=0 cp=1 dp=0 pp=0\n"
+            "tp group 0: 0\n"
+            "tp group 1: 1\n"
+            "cp group 0: 0 1\n"
+            "dp group 0: 0\n"
+            "dp group 1: 1\n"
+            "gradient (dp x cp) group 0: 0 1\n"
+            "pp group 0: 0\n"
+            "pp group 1: 1\n"
+            "embedding group 0: 0\n"
+            "embedding group 1: 1\n");
+}
+
 }  // namespace
 }  // namespace pptrain

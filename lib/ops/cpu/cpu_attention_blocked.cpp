@@ -93,8 +93,9 @@ void CpuOps::attention_forward_blocked(float* out, float* lse, const float* qkv,
 }
 
 void CpuOps::ring_attention_forward_step(float* out, float* lse, const SeqChunk& q,
-                                         const SeqChunk& kv, int B, int C, int NH, int NKV) {
-  blocked_forward(out, lse, q, kv, B, C, NH, NKV, true);
+                                         const SeqChunk& kv, int B, int C, int NH, int NKV,
+                                         bool write) {
+  blocked_forward(out, lse, q, kv, B, C, NH, NKV, !write);
 }
 
 void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv, int B,

@@ -246,6 +246,12 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                          int NKV) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                           const void* state, int B, int T, int C, int NH, int NKV) override;
+  // The blocked kernels' steps below; the state is the rows' log-sum-exps.
+  void ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                   int NH, int NKV, bool write) override;
+  void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
+                                    const void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                    int NH, int NKV) override;
   // The fp32 overload below: bias and GELU fused into each GEMM tile.
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                       int N, int Cin, int Cout) override;
@@ -300,11 +306,12 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // keys and values of piece kv, causal by position in the whole sequence. The forward
   // merges that attention into out [B,q.len,C] and lse [B,NH,q.len] (start from out 0
   // and lse -inf; after every piece of the sequence they are the whole-sequence
-  // forward's rows of q). The backward, given those final out and lse, adds the step's
+  // forward's rows of q; `write` overwrites them instead, for a kv piece every row of q
+  // sees a key of). The backward, given those final out and lse, adds the step's
   // gradients to the q part of dq [B,q.len,W] and the k/v parts of dkv [B,kv.len,W]
   // (W = C + 2 C NKV / NH, the qkv row width).
   void ring_attention_forward_step(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv,
-                                   int B, int C, int NH, int NKV);
+                                   int B, int C, int NH, int NKV, bool write = false);
   void ring_attention_backward_step(float* dq, float* dkv, const float* dout, const float* out,
                                     const float* lse, const SeqChunk& q, const SeqChunk& kv,
                                     int B, int C, int NH, int NKV);

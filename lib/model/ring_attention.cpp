@@ -1,0 +1,121 @@
+#include "model/ring_attention.hpp"
+
+#include <memory>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace pptrain {
+
+namespace {
+// The ring's message tags. A ring's peers share a pipeline stage, so no pipeline message
+// ever passes between them; the tags only keep the block and its gradient apart.
+constexpr int kBlockTag = 30001, kGradTag = 30002;
+}  // namespace
+
+RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int NH, int NKV)
+    : ops_(ops),
+      ring_(std::move(ring)),
+      B_(B),
+      C_(C),
+      NH_(NH),
+      NKV_(NKV),
+      W_(C + 2 * (C / NH) * NKV),
+      len_(ring_.split.piece_len()),
+      dt_(ops.compute_dtype()),
+      block_bytes_(std::size_t(B) * std::size_t(ring_.split.local_len()) * std::size_t(W_) *
+                   dtype_size(dt_)),
+      piece_state_bytes_(ops.attention_state_bytes(B, len_, NH)) {
+  PPTRAIN_CHECK(ring_.world && int(ring_.ranks.size()) == ring_.split.cp &&
+                    ring_.split.pieces() == 2,
+                "ring attention needs cp > 1 ranks and the world to reach them");
+  for (auto* set : {blocks_, grads_})
+    for (int i = 0; i < 2; ++i) set[i] = ops::Buffer(ops, block_bytes_, "a ring attention block");
+}
+
+int RingAttention::next() const { return ring_.ranks[std::size_t((ring_.split.rank + 1) % ring_.split.cp)]; }
+int RingAttention::previous() const {
+  return ring_.ranks[std::size_t((ring_.split.rank + ring_.split.cp - 1) % ring_.split.cp)];
+}
+
+ops::Act* RingAttention::rows(ops::Act* a, int p, int width) const {
+  return ops::advance(a, std::size_t(p) * B_ * len_ * width, dt_);
+}
+const ops::Act* RingAttention::rows(const ops::Act* a, int p, int width) const {
+  return ops::advance(a, std::size_t(p) * B_ * len_ * width, dt_);
+}
+void* RingAttention::state_of(void* state, int p) const {
+  return static_cast<std::byte*>(state) + std::size_t(p) * piece_state_bytes_;
+}
+const void* RingAttention::state_of(const void* state, int p) const {
+  return static_cast<const std::byte*>(state) + std::size_t(p) * piece_state_bytes_;
+}
+
+ops::Ops::SeqPiece RingAttention::piece(const ops::Act* block, int p, int owner) const {
+  return {rows(block, p, W_), ring_.split.first(p, owner), len_};
+}
+
+void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
+  const int cp = ring_.split.cp, r = ring_.split.rank;
+  const ops::Act* held = qkv;  // at step s, the block of rank r - s
+  for (int s = 0; s < cp; ++s) {
+    const int owner = (r - s + cp) % cp;
+    std::unique_ptr<comm::PendingOp> pass;
+    if (s + 1 < cp)
+      pass = ring_.world->exchange_start(
+          {{comm::Transfer::Send, next(), const_cast<ops::Act*>(held), block_bytes_, kBlockTag},
+           {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
+    for (int p = 0; p < 2; ++p) {
+      // Step 0 starts from the diagonal, where every query sees at least itself.
+      const int order[2] = {s == 0 ? p : 0, s == 0 ? 1 - p : 1};
+      for (int k : order)
+        ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), piece(qkv, p, r),
+                                         piece(held, k, owner), B_, C_, NH_, NKV_,
+                                         s == 0 && k == p);
+    }
+    if (pass) {
+      pass->wait();
+      held = blocks_[s % 2].act();
+    }
+  }
+}
+
+void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv,
+                             const ops::Act* out, const void* state) {
+  const int cp = ring_.split.cp, r = ring_.split.rank;
+  ops_.fill_zero(dqkv, block_bytes_);
+  ops_.fill_zero(grads_[0].get(), block_bytes_);
+  const ops::Act* held = qkv;
+  ops::Act* held_grad = grads_[0].act();  // the key/value gradient of `held` so far
+  for (int s = 0; s < cp; ++s) {
+    const int owner = (r - s + cp) % cp;
+    std::unique_ptr<comm::PendingOp> block_pass;
+    if (s + 1 < cp)
+      block_pass = ring_.world->exchange_start(
+          {{comm::Transfer::Send, next(), const_cast<ops::Act*>(held), block_bytes_, kBlockTag},
+           {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
+    for (int p = 0; p < 2; ++p)
+      for (int k = 0; k < 2; ++k)
+        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(held_grad, k, W_),
+                                          rows(dout, p, C_), rows(out, p, C_),
+                                          state_of(state, p), piece(qkv, p, r),
+                                          piece(held, k, owner), B_, C_, NH_, NKV_);
+    // The gradient follows its block; after the last step it reaches the block's owner,
+    // and this rank receives its own.
+    ops::Buffer& arriving = grads_[(s + 1) % 2];
+    ring_.world->exchange({{comm::Transfer::Send, next(), held_grad, block_bytes_, kGradTag},
+                           {comm::Transfer::Recv, previous(), arriving.get(), block_bytes_,
+                            kGradTag}});
+    if (block_pass) {
+      block_pass->wait();
+      held = blocks_[s % 2].act();
+    }
+    held_grad = arriving.act();
+  }
+  // The q parts of dqkv hold this rank's query gradients; the key/value parts are zero
+  // there and in the q parts of the returned gradient.
+  const std::size_t n = block_bytes_ / dtype_size(dt_);
+  ops_.add(dqkv, dqkv, held_grad, n);
+}
+
+}  // namespace pptrain

@@ -1,0 +1,59 @@
+// Context parallelism's attention core: each rank holds two pieces of every sequence
+// (topology/sequence_split.hpp), and the key/value blocks go round the ring of cp ranks.
+// At step s rank r holds the block of rank r - s and runs its own queries against it
+// with the blocked attention's steps (online softmax, merged by log-sum-exp); the next
+// block is already on its way meanwhile (a nonblocking exchange). The backward sends
+// each block round again with its key/value gradient, which every rank adds to; after
+// cp steps the gradient of a block reaches its owner.
+#pragma once
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "ops/ops.hpp"
+#include "topology/sequence_split.hpp"
+
+namespace pptrain {
+
+// Where a rank's ring runs: its sequence split, the world it sends through and the world
+// rank of each cp rank (the ring's order). cp == 1: no ring.
+struct ContextRing {
+  SequenceSplit split;
+  comm::World* world = nullptr;
+  std::vector<int> ranks;
+  bool active() const { return split.cp > 1; }
+};
+
+class RingAttention {
+ public:
+  // C, NH, NKV: the query width and the query and key/value heads this rank holds (its
+  // tensor-parallel shard); B sequences of split.local_len() rows each.
+  RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int NH, int NKV);
+
+  // out [rows, C] and the state (the rows' log-sum-exps, per piece) from qkv [rows, W],
+  // rows piece-major: the whole-sequence attention of this rank's rows.
+  void forward(ops::Act* out, void* state, const ops::Act* qkv);
+  // dqkv [rows, W] (overwritten) from dout and what forward gave.
+  void backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv, const ops::Act* out,
+                const void* state);
+
+  // Bytes of the buffers the ring holds (two arriving blocks, two travelling gradients).
+  std::size_t buffer_bytes() const { return 4 * block_bytes_; }
+
+ private:
+  ops::Ops::SeqPiece piece(const ops::Act* block, int p, int owner) const;
+  ops::Act* rows(ops::Act* a, int p, int width) const;
+  const ops::Act* rows(const ops::Act* a, int p, int width) const;
+  void* state_of(void* state, int p) const;
+  const void* state_of(const void* state, int p) const;
+  int next() const;
+  int previous() const;
+
+  ops::Ops& ops_;
+  ContextRing ring_;
+  int B_, C_, NH_, NKV_, W_, len_;
+  DType dt_;
+  std::size_t block_bytes_, piece_state_bytes_;
+  ops::Buffer blocks_[2], grads_[2];
+};
+
+}  // namespace pptrain
