@@ -23,8 +23,7 @@ RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int 
       W_(C + 2 * (C / NH) * NKV),
       len_(ring_.split.piece_len()),
       dt_(ops.compute_dtype()),
-      block_bytes_(std::size_t(B) * std::size_t(ring_.split.local_len()) * std::size_t(W_) *
-                   dtype_size(dt_)),
+      block_bytes_(buffer_bytes(B, ring_.split.local_len(), W_, dt_) / 4),
       piece_state_bytes_(ops.attention_state_bytes(B, len_, NH)) {
   PPTRAIN_CHECK(ring_.world && int(ring_.ranks.size()) == ring_.split.cp &&
                     ring_.split.pieces() == 2,

@@ -36,8 +36,11 @@ class RingAttention {
   void backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv, const ops::Act* out,
                 const void* state);
 
-  // Bytes of the buffers the ring holds (two arriving blocks, two travelling gradients).
-  std::size_t buffer_bytes() const { return 4 * block_bytes_; }
+  // Bytes of the buffers a ring holds: two arriving blocks and two travelling gradients
+  // of B sequences' `rows` rows of q|k|v (`width` each).
+  static std::size_t buffer_bytes(int B, int rows, int width, DType dtype) {
+    return 4 * std::size_t(B) * std::size_t(rows) * std::size_t(width) * dtype_size(dtype);
+  }
 
  private:
   ops::Ops::SeqPiece piece(const ops::Act* block, int p, int owner) const;

@@ -17,6 +17,7 @@ namespace pptrain {
 ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
   ActivationShape shape = model_activation_shape(c.model, c.parallel.micro_batch_size,
                                                  c.parallel.tp, dtype_size(be.compute));
+  shape.seq_len = SequenceSplit{c.parallel.cp, 0, c.model.seq_len}.local_len();
   shape.attention_state_bytes = ops::attention_state_bytes(
       be.logsumexp_attention, be.compute, shape.batch, shape.seq_len, shape.heads);
   return shape;
@@ -88,7 +89,7 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   if (be.compute != DType::F32) r.weight_copy = total * double(dtype_size(be.compute));
   // The optimizer's ranges: under ZeRO-1 a block of every bucket (the buckets split the
   // padded arena evenly), with the master weights when the optimizer holds them.
-  const double shard = zero_shards(p) ? total / p.dp : total;
+  const double shard = zero_shards(p) ? total / replicas(p) : total;
   const bool master_sharded = optimizer_holds_master(p, be.compute);
   r.weights = master_sharded ? 0 : 4 * total;
   r.optimizer = (master_sharded ? 3 : 2) * 4 * shard;
@@ -121,6 +122,11 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
     r.workspace = std::max(r.workspace, double(bytes[int(Lifetime::Workspace)]));
   }
   r.activations += double(peaks.boundaries) * double(layouts[0].part_bytes[int(Lifetime::Boundary)]);
+  if (p.cp > 1)
+    r.ring_buffers = double(RingAttention::buffer_bytes(shape.batch, shape.seq_len,
+                                                        (shape.heads + 2 * shape.kv_heads) *
+                                                            head_size(m),
+                                                        be.compute));
   if (be.device_memory) r.backend_scratch = cuda_backend_scratch(c, be);
   return r;
 }

@@ -28,6 +28,7 @@ struct RankMemory {
   double checkpoint_gather = 0;  // a sharded master: one bucket gathered at a time while saving
   double activations = 0;        // the sets and lent parts at their schedule peaks
   double workspace = 0;          // the model's shared activation workspace
+  double ring_buffers = 0;       // context parallelism: ring attention's blocks in flight
   // A CUDA backend's own: cuBLASLt's workspace and the most scratch a kernel asks for.
   double backend_scratch = 0;
   // Bytes a parameter for its weights, gradients, weight copy and optimizer state.
@@ -36,11 +37,12 @@ struct RankMemory {
   }
   double total() const {
     return weights + gradients + weight_copy + optimizer + checkpoint_gather + activations +
-           workspace + backend_scratch;
+           workspace + ring_buffers + backend_scratch;
   }
 };
 
-// The activation table's sizes for one micro-batch of a tensor-parallel shard.
+// The activation table's sizes for one micro-batch of a tensor-parallel shard, at the
+// positions of a sequence a context-parallel rank holds.
 ActivationShape activation_shape(const Config& config, const BackendTraits& backend);
 
 // The backend a run of `config` gets: on CUDA (`cuda`: runs_on_cuda, or a GPU cluster)

@@ -46,6 +46,7 @@ std::string describe_plan_json(const Config& c, const std::vector<std::string>& 
         {"checkpoint_gather", to_mib(r.checkpoint_gather)},
         {"activations", to_mib(r.activations)},
         {"workspace", to_mib(r.workspace)},
+        {"ring_buffers", to_mib(r.ring_buffers)},
         {"backend_scratch", to_mib(r.backend_scratch)}}},
       {"state_bytes_per_parameter", r.state_bytes_per_parameter()},
       {"parameters", param_layout(c.model).hf_param_count()},
@@ -112,7 +113,7 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
                                     : std::string()));
   line("peak memory", fmt::format("{} predicted on the heaviest rank (stage {}, tp rank {}): "
                                   "weights {}, gradients {}{}, optimizer state {}{}{}, "
-                                  "activations {}, workspace {}{}",
+                                  "activations {}, workspace {}{}{}",
                                   mib(r.total()), r.stage, r.tp_rank, mib(r.weights),
                                   mib(r.gradients),
                                   r.weight_copy > 0 ? ", bf16 copy " + mib(r.weight_copy) : "",
@@ -122,6 +123,7 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
                                       ? ", gathered while saving " + mib(r.checkpoint_gather)
                                       : "",
                                   mib(r.activations), mib(r.workspace),
+                                  r.ring_buffers > 0 ? ", ring buffers " + mib(r.ring_buffers) : "",
                                   r.backend_scratch > 0
                                       ? ", the backend's workspace and scratch " +
                                             mib(r.backend_scratch)
