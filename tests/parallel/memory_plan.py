@@ -53,6 +53,11 @@ CASES = {
     # ZeRO-1 blocks of buckets smaller than a layer, at dp 4 and beside pipelining.
     "dp4_zero1_none": (1, 1, 4, 1, ["parallel.zero=1", "parallel.grad_bucket_mib=0.25"]),
     "pp2_dp2_zero1_none": (1, 2, 2, 2, ["parallel.zero=1", "parallel.grad_bucket_mib=0.25"]),
+    # Context parallelism: a rank's positions and the ring's blocks in flight.
+    "cp2_none": (1, 1, 1, 4, ["parallel.cp=2"]),
+    "cp4_selective": (1, 1, 1, 4, ["parallel.cp=4", "train.recompute=selective"]),
+    "tp2_cp2_pp2_full": (2, 2, 1, 4, ["parallel.cp=2", "train.recompute=full"]),
+    "cp2_dp2_zero1_none": (1, 1, 2, 2, ["parallel.cp=2", "parallel.zero=1"]),
     "tp2_none": (2, 1, 1, 4, []),
     "tp2_sp_none": (2, 1, 1, 4, SP),
     "tp2_sp_selective": (2, 1, 1, 4, SP + ["train.recompute=selective"]),
