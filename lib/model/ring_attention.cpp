@@ -50,6 +50,13 @@ const void* RingAttention::state_of(const void* state, int p) const {
   return static_cast<const std::byte*>(state) + std::size_t(p) * piece_state_bytes_;
 }
 
+std::unique_ptr<comm::PendingOp> RingAttention::pass_on(const ops::Act* held, int s) {
+  if (s + 1 == ring_.split.cp) return nullptr;  // the last step: every block has been seen
+  return ring_.world->exchange_start(
+      {{comm::Transfer::Send, next(), const_cast<ops::Act*>(held), block_bytes_, kBlockTag},
+       {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
+}
+
 ops::Ops::SeqPiece RingAttention::piece(const ops::Act* block, int p, int owner) const {
   return {rows(block, p, W_), ring_.split.first(p, owner), len_};
 }
@@ -59,11 +66,7 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
   const ops::Act* held = qkv;  // at step s, the block of rank r - s
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
-    std::unique_ptr<comm::PendingOp> pass;
-    if (s + 1 < cp)
-      pass = ring_.world->exchange_start(
-          {{comm::Transfer::Send, next(), const_cast<ops::Act*>(held), block_bytes_, kBlockTag},
-           {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
+    std::unique_ptr<comm::PendingOp> pass = pass_on(held, s);
     for (int p = 0; p < 2; ++p) {
       // Step 0 starts from the diagonal, where every query sees at least itself.
       const int order[2] = {s == 0 ? p : 0, s == 0 ? 1 - p : 1};
@@ -88,11 +91,7 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
   ops::Act* held_grad = grads_[0].act();  // the key/value gradient of `held` so far
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
-    std::unique_ptr<comm::PendingOp> block_pass;
-    if (s + 1 < cp)
-      block_pass = ring_.world->exchange_start(
-          {{comm::Transfer::Send, next(), const_cast<ops::Act*>(held), block_bytes_, kBlockTag},
-           {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
+    std::unique_ptr<comm::PendingOp> block_pass = pass_on(held, s);
     for (int p = 0; p < 2; ++p)
       for (int k = 0; k < 2; ++k)
         ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(held_grad, k, W_),

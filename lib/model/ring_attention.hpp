@@ -6,6 +6,7 @@
 // each block round again with its key/value gradient, which every rank adds to; after
 // cp steps the gradient of a block reaches its owner.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -44,6 +45,9 @@ class RingAttention {
 
  private:
   ops::Ops::SeqPiece piece(const ops::Act* block, int p, int owner) const;
+  // At step s: sends `held` on to the next rank and receives the previous rank's block
+  // into blocks_[s % 2]; null at the last step.
+  std::unique_ptr<comm::PendingOp> pass_on(const ops::Act* held, int s);
   ops::Act* rows(ops::Act* a, int p, int width) const;
   const ops::Act* rows(const ops::Act* a, int p, int width) const;
   void* state_of(void* state, int p) const;

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+from layout_equivalence import RENDEZVOUS_ENV, rel
+
 STEPS = 10
 # name: (tp, cp, pp, dp, micro_batches, extra overrides)
 LAYOUTS = {
@@ -45,8 +47,6 @@ MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len
          "train.threads=1", "train.eval_every=0", "train.warmup_steps=2", "logging.every=1",
          "checkpoint.dir=", "parallel.comm_timeout_s=120"]
 
-RENDEZVOUS_ENV = dict(os.environ, OMPI_MCA_btl_vader_eager_limit="4096",
-                      OMPI_MCA_btl_self_eager_limit="4096")
 
 
 def run(pptrain, config, work, name, layout, more=()):
@@ -64,10 +64,6 @@ def run(pptrain, config, work, name, layout, more=()):
         sys.exit(f"{name}: pptrain exited {out.returncode}\n{out.stdout}\n{out.stderr}")
     with open(metrics) as f:
         return [json.loads(line) for line in f]
-
-
-def rel(a, b):
-    return abs(a - b) / max(abs(b), 1e-30)
 
 
 def compare(name, rows, ref, first_step):
