@@ -121,7 +121,7 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
 }
 
 // Context parallelism against the model and the other settings: what the ring supports
-// today (the CPU backend's blocked attention, GPT's learned positions).
+// today (the CPU backend's blocked attention).
 void validate_context_parallel(const Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
   if (p.cp == 1) return;
@@ -138,8 +138,6 @@ void validate_context_parallel(const Config& c, const Rules& r) {
   if (!uses_fused_attention(c.train, false))
     r.fail("parallel.cp", cp + " needs train.attention: fused or auto, the blocked attention the "
                           "ring runs");
-  if (c.model.arch != Arch::Gpt2)
-    r.fail("parallel.cp", cp + " supports model.arch: gpt2 only for now");
 }
 
 // Cross-section rules of the parallel layout against the model. Under parallel.layout:

@@ -25,8 +25,6 @@ LlamaModel::LlamaModel(const ModelConfig& model, int batch, ops::Ops& ops,
       head_(model.tie_embeddings ? embedding_ : std::string("lm_head.weight")),
       layer_offsets_(layer_offsets(kLayerTensorNames)) {
   PPTRAIN_CHECK(model.arch == Arch::Llama && hs_ % 2 == 0, "not a llama shape");
-  // The rotary embedding takes each row's position as row % T: whole sequences only.
-  PPTRAIN_CHECK(!ring.active(), "context parallelism: llama's rotary positions are not split yet");
   init_activation_layouts();
 }
 
@@ -41,8 +39,13 @@ LlamaModel::LayerTensors<P> LlamaModel::layer_tensors(int layer, P arena) const 
   return {at(0), at(1), at(2), at(3), at(4), at(5)};
 }
 
+// Each piece of the held sequences (one piece of whole sequences without context
+// parallelism) is B runs of piece_len() rows from its first position.
 void LlamaModel::rope(ops::Act* qkv, bool inverse) {
-  ops_.rope(qkv, B_ * T_, T_, W_, NHl_ + NKVl_, hs_, float(cfg_.rope_theta), inverse);
+  const int len = split_.piece_len();
+  for (int p = 0; p < split_.pieces(); ++p)
+    ops_.rope(ops::advance(qkv, std::size_t(p) * B_ * len * W_, dt_), B_ * len, len, W_,
+              NHl_ + NKVl_, hs_, float(cfg_.rope_theta), inverse, split_.first(p));
 }
 
 void LlamaModel::final_norm_forward(ops::Act* out, float* /*mean*/, float* rstd,

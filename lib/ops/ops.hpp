@@ -198,12 +198,13 @@ class Ops {
   virtual void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
                                int F) = 0;
   // Rotary position embedding in place, the rotate-half form: row n of x (`stride`
-  // elements apart) is at position n % T; each of its first `heads` heads of `head_size`
-  // (even) elements has element i paired with i + head_size/2 and the pair rotated by
-  // the angle position * theta^(-2i/head_size) (fp32, as Hugging Face computes it).
-  // inverse: the opposite rotation, which is the backward.
+  // elements apart) is at position first + n % T (first: where the rows' piece of the
+  // sequence starts, 0 for whole sequences); each of its first `heads` heads of
+  // `head_size` (even) elements has element i paired with i + head_size/2 and the pair
+  // rotated by the angle position * theta^(-2i/head_size) (fp32, as Hugging Face
+  // computes it). inverse: the opposite rotation, which is the backward.
   virtual void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
-                    bool inverse) = 0;
+                    bool inverse, int first) = 0;
 
   // ---- Attention ----
   // Bytes of the state attention_forward saves for its backward, per query head (the

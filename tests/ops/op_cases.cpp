@@ -328,13 +328,16 @@ std::vector<OpCase> make_cases() {
                                        r.act(r.randn(kN * kF, 2)),
                                        r.act(r.randn(kN * 2 * kF, 1, 3.0f)), kN, kF);
                }});
-  // Rows of 3 rotated heads of 16 and 2 heads left as they are (v), positions up to 36.
+  // Rows of 3 rotated heads of 16 and 2 heads left as they are (v), positions up to 36;
+  // and a piece of the sequence from position 4000 (context parallelism).
   for (bool inverse : {false, true})
-    t.push_back({inverse ? "rope_inverse" : "rope", [=](OpRun& r) {
-                   const int stride = 5 * 16;
-                   r.ops.rope(r.act_inout("x", r.randn(kN * stride, 1), kAct), kN, 37, stride, 3, 16,
-                              10000.0f, inverse);
-                 }});
+    for (int first : {0, 4000})
+      t.push_back({std::string(inverse ? "rope_inverse" : "rope") + (first ? "_piece" : ""),
+                   [=](OpRun& r) {
+                     const int stride = 5 * 16;
+                     r.ops.rope(r.act_inout("x", r.randn(kN * stride, 1), kAct), kN, 37, stride, 3,
+                                16, 10000.0f, inverse, first);
+                   }});
   constexpr std::size_t kGelu = 5001;
   t.push_back({"gelu_forward", [](OpRun& r) {
                  r.ops.gelu_forward(r.act_out("out", kGelu, kAct), r.act(r.randn(kGelu, 1, 3.0f)),

@@ -151,29 +151,34 @@ TEST_F(OpsGradTest, SwiGlu) {
 }
 
 // The rotation's gradient is the inverse rotation of the output's gradient; the inverse
-// undoes the rotation; heads past `heads` and the pairs at position 0 are left alone.
+// undoes the rotation; heads past `heads` and the pairs at position 0 are left alone. The
+// same for rows of a piece of the sequence that starts at position 5 (context parallelism).
 TEST_F(OpsGradTest, RotaryEmbedding) {
+  for (const int first : {0, 5}) {
+  SCOPED_TRACE("first position " + std::to_string(first));
   const int N = 6, T = 4, heads = 2, hs = 8, stride = 3 * hs;
   std::vector<float> x = randn(N * stride, 150);
   const std::vector<float> R = randn(N * stride, 151);
   std::vector<float> out(x.size());
   auto loss = [&] {
     out = x;
-    ops->rope(out.data(), N, T, stride, heads, hs, 10000.0f, false);
+    ops->rope(out.data(), N, T, stride, heads, hs, 10000.0f, false, first);
     return dot(out, R);
   };
   std::vector<float> dx = R;
-  ops->rope(dx.data(), N, T, stride, heads, hs, 10000.0f, true);
+  ops->rope(dx.data(), N, T, stride, heads, hs, 10000.0f, true, first);
   expect_ok(check_gradient(x, dx, loss, all_indices(x.size())), "rope");
   loss();
   std::vector<float> back = out;
-  ops->rope(back.data(), N, T, stride, heads, hs, 10000.0f, true);
+  ops->rope(back.data(), N, T, stride, heads, hs, 10000.0f, true, first);
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-5) << i;
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < stride; ++c) {
       const std::size_t i = std::size_t(n) * stride + c;
-      if (c >= heads * hs || n % T == 0) EXPECT_EQ(out[i], x[i]) << "row " << n << " column " << c;
+      if (c >= heads * hs || first + n % T == 0)
+        EXPECT_EQ(out[i], x[i]) << "row " << n << " column " << c;
     }
+  }
 }
 
 TEST_F(OpsGradTest, Gelu) {

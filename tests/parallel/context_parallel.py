@@ -11,7 +11,8 @@ Open MPI's eager limits, which are forced down, so every message rendezvouses.
 Checkpoints do not depend on cp: a cp 2 run saved after step 5 resumes at cp 1 (and a
 cp 1 one at cp 2, under ZeRO-1 at dp 2 the other way), and the resumed steps must give
 the uninterrupted run's losses.
-Usage: context_parallel.py PPTRAIN CONFIG WORKDIR [NAME ...]
+Usage: context_parallel.py PPTRAIN CONFIG WORKDIR [NAME ...] [KEY=VALUE ...]
+(KEY=VALUE: a setting for every run, after the model's below.)
 """
 import json
 import os
@@ -81,7 +82,8 @@ def compare(name, rows, ref, first_step):
 
 def main():
     pptrain, config, work = sys.argv[1:4]
-    names = sys.argv[4:] or list(LAYOUTS) + list(RESUME_CASES)
+    MODEL.extend(a for a in sys.argv[4:] if "=" in a)
+    names = [a for a in sys.argv[4:] if "=" not in a] or list(LAYOUTS) + list(RESUME_CASES)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     singles = {}

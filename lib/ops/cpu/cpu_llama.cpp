@@ -94,13 +94,13 @@ void CpuOps::swiglu_backward(float* dgate_up, const float* dout, const float* ga
 }
 
 void CpuOps::rope(float* x, int N, int T, int stride, int heads, int head_size, float theta,
-                  bool inverse) {
+                  bool inverse, int first) {
   const int half = head_size / 2;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* row = x + std::size_t(n) * stride;
     for (int i = 0; i < half; ++i) {
-      const float a = rope_angle(n % T, i, head_size, theta);
+      const float a = rope_angle(first + n % T, i, head_size, theta);
       const float c = std::cos(a), s = inverse ? -std::sin(a) : std::sin(a);
       for (int h = 0; h < heads; ++h) {
         float* v = row + std::size_t(h) * head_size;

@@ -105,8 +105,9 @@ class Fp32Forwarding : public Ops {
         in(gate_up, elems(N, 2 * F)), N, F);
   }
   void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
-            bool inverse) override {
-    run(&Cpu::rope, inout(x, elems(N, stride)), N, T, stride, heads, head_size, theta, inverse);
+            bool inverse, int first) override {
+    run(&Cpu::rope, inout(x, elems(N, stride)), N, T, stride, heads, head_size, theta, inverse,
+        first);
   }
   void gelu_forward(Act* o, const Act* inp, std::size_t n) override {
     run(&Cpu::gelu_forward, out(o, n), in(inp, n), n);
@@ -292,7 +293,7 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void swiglu_forward(float* out, const float* gate_up, int N, int F);
   void swiglu_backward(float* dgate_up, const float* dout, const float* gate_up, int N, int F);
   void rope(float* x, int N, int T, int stride, int heads, int head_size, float theta,
-            bool inverse);
+            bool inverse, int first = 0);
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                          int NKV);
   // The blocked (flash-style) form: `lse` [B,NH,T] is each row's log-sum-exp instead of

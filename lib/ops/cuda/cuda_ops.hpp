@@ -110,8 +110,8 @@ class CudaOps final : public Ops {
   void swiglu_forward(Act* out, const Act* gate_up, int N, int F) override;
   void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
                        int F) override;
-  void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
-            bool inverse) override;
+  void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta, bool inverse,
+            int first) override;
   void gelu_forward(Act* out, const Act* inp, std::size_t n) override;
   void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::size_t n) override;
 

@@ -129,9 +129,9 @@ void CudaOps::swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up
 }
 
 void CudaOps::rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
-                   bool inverse) {
+                   bool inverse, int first) {
   launch_typed([](auto... args) { cuda::rope(args...); }, x, N, T, stride, heads, head_size, theta,
-               inverse);
+               inverse, first);
 }
 
 void CudaOps::gelu_forward(Act* out, const Act* inp, std::size_t n) {

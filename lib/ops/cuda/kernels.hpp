@@ -64,6 +64,7 @@ template <typename T>
 void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F, cudaStream_t s);
 template <typename T>
 void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta, bool inverse,
+          int first,
           cudaStream_t s);
 
 // ---- embedding (embedding.cu) ----

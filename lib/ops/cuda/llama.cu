@@ -93,7 +93,7 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
 // One thread per (row, head, pair).
 template <typename T>
 __global__ void rope_kernel(T* x, int N, int T_, int stride, int heads, int head_size,
-                            float theta, bool inverse) {
+                            float theta, bool inverse, int first) {
   const int half = head_size / 2;
   const std::size_t n_all = static_cast<std::size_t>(N) * heads * half;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n_all;
@@ -102,7 +102,7 @@ __global__ void rope_kernel(T* x, int N, int T_, int stride, int heads, int head
     const std::size_t head = i / half;
     const int h = static_cast<int>(head % heads), n = static_cast<int>(head / heads);
     const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * p) / static_cast<float>(head_size));
-    const float a = static_cast<float>(n % T_) * inv_freq;
+    const float a = static_cast<float>(first + n % T_) * inv_freq;
     const float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
     T* v = x + static_cast<std::size_t>(n) * stride + static_cast<std::size_t>(h) * head_size;
     const float x1 = to_f32(v[p]), x2 = to_f32(v[p + half]);
@@ -181,15 +181,16 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F,
 
 template <typename T>
 void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta, bool inverse,
-          cudaStream_t s) {
+          int first, cudaStream_t s) {
   check_rows("rope", N, heads);
   PPTRAIN_CHECK(head_size > 0 && head_size % 2 == 0 && T_ > 0 && stride >= heads * head_size,
                 "rope: needs an even head size, T > 0 and the heads inside the row");
+  PPTRAIN_CHECK(first >= 0, "rope: a negative first position");
   if (N == 0 || heads == 0) return;
   PPTRAIN_CHECK(x != nullptr, "rope: null pointer");
   const std::size_t pairs = std::size_t(N) * heads * (head_size / 2);
   rope_kernel<T><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, N, T_, stride, heads, head_size,
-                                                                theta, inverse);
+                                                                theta, inverse, first);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
@@ -202,7 +203,7 @@ void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta
                                            float*, cudaStream_t);                               \
   template void swiglu_forward<T>(T*, const T*, int, int, cudaStream_t);                        \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int, cudaStream_t);             \
-  template void rope<T>(T*, int, int, int, int, int, float, bool, cudaStream_t);
+  template void rope<T>(T*, int, int, int, int, int, float, bool, int, cudaStream_t);
 PPTRAIN_INSTANTIATE(float)
 PPTRAIN_INSTANTIATE(bf16)
 #undef PPTRAIN_INSTANTIATE
