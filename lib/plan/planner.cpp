@@ -19,6 +19,9 @@ namespace pptrain {
 
 namespace {
 
+// The shortest sequence the search splits over context-parallel ranks.
+constexpr int kLongSequence = 8192;
+
 std::vector<int> divisors(int n) {
   std::vector<int> out;
   for (int k = 1; k <= n; ++k)
@@ -47,14 +50,16 @@ std::string constraint(const Config& c, const PlanRow& r) {
   if (r.pp * r.virtual_stages > m.n_layer) return "more stages than layers";
   if (r.sequence_parallel && (r.tp == 1 || (r.micro_batch_size * m.seq_len) % r.tp != 0))
     return "sequence parallelism needs tp > 1 and token rows divisible by tp";
-  if (r.zero == 1 && r.dp == 1) return "ZeRO-1 needs dp > 1";
+  if (r.zero == 1 && r.dp * r.cp == 1) return "ZeRO-1 needs dp * cp > 1";
+  if (r.cp > 1 && m.seq_len % (2 * r.cp) != 0) return "cp needs seq_len divisible by 2 * cp";
+  if (r.cp > 1 && c.device != Device::Cpu) return "context parallelism runs on CPU ranks only for now";
   return schedule_constraint_error(r.schedule, r.pp, r.micro_batches, r.virtual_stages);
 }
 
-PlanRow make_row(int tp, int pp, int dp, int v, int mbs, int m, ScheduleKind kind, Recompute rc,
-                 bool sp, int zero) {
+PlanRow make_row(int tp, int cp, int pp, int dp, int v, int mbs, int m, ScheduleKind kind,
+                 Recompute rc, bool sp, int zero) {
   PlanRow r;
-  r.tp = tp, r.pp = pp, r.dp = dp, r.virtual_stages = v, r.micro_batch_size = mbs;
+  r.tp = tp, r.cp = cp, r.pp = pp, r.dp = dp, r.virtual_stages = v, r.micro_batch_size = mbs;
   r.micro_batches = m, r.schedule = kind, r.recompute = rc, r.sequence_parallel = sp, r.zero = zero;
   return r;
 }
@@ -137,6 +142,7 @@ std::vector<PlanRow> best_that_fit(const Config& base, const Cluster& cluster,
 void apply_layout(Config& c, const PlanRow& r) {
   auto& p = c.parallel;
   p.tp = r.tp;
+  p.cp = r.cp;
   p.pp = r.pp;
   p.dp = r.dp;
   p.virtual_stages = r.virtual_stages;
@@ -154,15 +160,12 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
   const int world = cluster.world();
   const int64_t global = int64_t(p.dp) * p.micro_batches * p.micro_batch_size;  // sequences
   std::vector<PlanRow> rows;
-  if (p.cp > 1)  // the time model has no ring yet: a row would leave its cost out
-    throw InputError(config.source_path + ": parallel.cp: pptrain plan does not model context "
-                                          "parallelism yet (check-config predicts its memory)");
   if (options.this_layout) {
     if (world_size(config) != world)
       throw InputError(config.source_path + ": parallel: tp*cp*pp*dp = " +
                        std::to_string(world_size(config)) + " ranks, but " + cluster.source +
                        " has " + std::to_string(world));
-    PlanRow r = make_row(p.tp, p.pp, p.dp, p.virtual_stages, p.micro_batch_size, p.micro_batches,
+    PlanRow r = make_row(p.tp, p.cp, p.pp, p.dp, p.virtual_stages, p.micro_batch_size, p.micro_batches,
                          p.schedule, config.train.recompute, p.sequence_parallel, p.zero);
     r.dropped = constraint(config, r);
     StepsCache cache;
@@ -175,8 +178,14 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
                                 ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleV};
   for (int tp : divisors(world)) {
     if (!options.tp_across_nodes && tp > cluster.gpus_per_node) continue;
-    for (int pp : divisors(world / tp)) {
-      const int dp = world / tp / pp;
+    for (int cp : divisors(world / tp)) {
+    // Context parallelism for long sequences, where the ring's blocks can hide under the
+    // attention, on the ranks that run it (CPU ranks for now).
+    if (cp > 1 && (config.model.seq_len < kLongSequence || !cluster.device.cpu ||
+                   config.model.seq_len % (2 * cp) != 0))
+      continue;
+    for (int pp : divisors(world / tp / cp)) {
+      const int dp = world / tp / cp / pp;
       if (global % dp != 0) continue;
       for (int mbs : divisors(int(global / dp))) {
         const int m = int(global / dp / mbs);
@@ -189,8 +198,8 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
               for (bool sp : {false, true}) {
                 if (sp && tp == 1) continue;
                 for (int zero : {0, 1}) {
-                  if (zero == 1 && dp == 1) continue;
-                  PlanRow r = make_row(tp, pp, dp, v, mbs, m, kind, rc, sp, zero);
+                  if (zero == 1 && dp * cp == 1) continue;
+                  PlanRow r = make_row(tp, cp, pp, dp, v, mbs, m, kind, rc, sp, zero);
                   if (options.accept && !options.accept(r)) continue;
                   r.dropped = constraint(config, r);
                   candidates.push_back(r);
@@ -200,6 +209,7 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
           }
         }
       }
+    }
     }
   }
   if (options.top > 0 && !options.all) {
@@ -222,7 +232,7 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
 namespace {
 nlohmann::ordered_json row_json(const PlanRow& r) {
   nlohmann::ordered_json j = {
-      {"tp", r.tp}, {"pp", r.pp}, {"dp", r.dp}, {"virtual_stages", r.virtual_stages},
+      {"tp", r.tp}, {"cp", r.cp}, {"pp", r.pp}, {"dp", r.dp}, {"virtual_stages", r.virtual_stages},
       {"micro_batch_size", r.micro_batch_size}, {"micro_batches", r.micro_batches},
       {"schedule", name_of(r.schedule)}, {"recompute", name_of(r.recompute)},
       {"sequence_parallel", r.sequence_parallel}, {"zero", r.zero}};
@@ -252,13 +262,14 @@ std::string format_plan_json(const std::vector<PlanRow>& rows, int top) {
 
 std::string format_plan(const std::vector<PlanRow>& rows, int top) {
   std::string out = fmt::format(
-      "{:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} {:>4} {:>10} {:>9} {:>11} "
-      "{:>8} {:>6} {:>6}\n",
-      "tp", "pp", "dp", "v", "mbs", "m", "schedule", "recompute", "sp", "zero", "fits",
+      "{:>3} {:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} {:>4} {:>10} {:>9} "
+      "{:>11} {:>8} {:>6} {:>6}\n",
+      "tp", "cp", "pp", "dp", "v", "mbs", "m", "schedule", "recompute", "sp", "zero", "fits",
       "peak_MiB", "step_s", "tokens/s", "TFLOP/s", "mfu", "bubble");
   for (std::size_t i = 0; i < shown(rows, top); ++i) {
     const PlanRow& r = rows[i];
-    out += fmt::format("{:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} ", r.tp, r.pp,
+    out += fmt::format("{:>3} {:>3} {:>3} {:>4} {:>2} {:>4} {:>4} {:<12} {:<9} {:>2} {:>4} ", r.tp,
+                       r.cp, r.pp,
                        r.dp, r.virtual_stages, r.micro_batch_size, r.micro_batches,
                        name_of(r.schedule), name_of(r.recompute), r.sequence_parallel ? "y" : "n",
                        r.zero);

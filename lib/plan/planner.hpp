@@ -12,7 +12,7 @@ namespace pptrain {
 
 struct PlanRow {
   // The layout.
-  int tp = 1, pp = 1, dp = 1, virtual_stages = 1, micro_batch_size = 1, micro_batches = 1;
+  int tp = 1, cp = 1, pp = 1, dp = 1, virtual_stages = 1, micro_batch_size = 1, micro_batches = 1;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false;

@@ -35,12 +35,14 @@ namespace {
 
 // The sizes of one micro-batch on one rank and what it runs on.
 struct Shape {
-  double B, T, C, heads, t, V, N, rows, e;  // rows: N, or N/t under SP
+  // T: the whole sequence; Tl: the positions a context-parallel rank holds (T / cp), and
+  // N = B * Tl the tokens it holds; rows: N, or N/t under SP.
+  double B, T, Tl, cp, C, heads, t, V, N, rows, e;
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
   const DeviceSpec* dev;
-  LinkSpec tp_link;
+  LinkSpec tp_link, cp_link;
 };
 
 double memory_seconds(const Shape& s, double bytes, int kernels) {
@@ -48,13 +50,37 @@ double memory_seconds(const Shape& s, double bytes, int kernels) {
          kernels * s.dev->launch_us * 1e-6;
 }
 
-// The attention core: q k^T and (softmax) v per head, as batched GEMMs, and the softmax.
-double attention_forward(const Shape& s) {
+// The attention core on this rank's Tl queries against Tl keys: q k^T and (softmax) v
+// per head, as batched GEMMs, and the softmax.
+double attention_block(const Shape& s) {
   const double hd = s.C / (s.heads), per_rank_heads = s.heads / s.t;
   const double gemms = 2 * per_rank_heads * s.B *
-                       (gemm_seconds(*s.dev, s.T, s.T, hd, s.e) - s.dev->launch_us * 1e-6);
-  const double softmax = s.fused_attention ? 0 : 3 * s.B * per_rank_heads * s.T * s.T * s.e;
+                       (gemm_seconds(*s.dev, s.Tl, s.Tl, hd, s.e) - s.dev->launch_us * 1e-6);
+  const double softmax = s.fused_attention ? 0 : 3 * s.B * per_rank_heads * s.Tl * s.Tl * s.e;
   return gemms + memory_seconds(s, softmax, 3);
+}
+
+// One q|k|v block of the context-parallel ring: a rank's rows of its heads.
+double ring_block_seconds(const Shape& s) {
+  const double bytes = s.N * (s.qkv / s.t) * s.e;
+  return bytes / (s.cp_link.gbps * 1e9) + s.cp_link.latency_us * 1e-6;
+}
+
+// The attention core's forward: without context parallelism the one block; with it the
+// ring's cp steps, each after the first waiting for the larger of its block's attention
+// and the next block's transfer (RingAttention::forward).
+double attention_forward(const Shape& s) {
+  const double block = attention_block(s);
+  if (s.cp == 1) return block;
+  return block + (s.cp - 1) * std::max(block, ring_block_seconds(s));
+}
+
+// Its backward: twice the forward's work; with context parallelism each of the cp steps
+// then sends the block's key/value gradient on, exposed (the next block's transfer runs
+// beside the step's attention).
+double attention_backward(const Shape& s) {
+  if (s.cp == 1) return 2 * attention_block(s);
+  return s.cp * (2 * attention_block(s) + ring_block_seconds(s));
 }
 
 // The tensor-parallel collectives of one pass: `count` sums of [N, C] (all-reduces, or
@@ -82,7 +108,7 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const double refwd = recompute == Recompute::Full       ? c.forward
                        : recompute == Recompute::Selective ? attention
                                                            : 0;
-  c.backward_input = refwd + gemms + 2 * attention + memory_seconds(s, 2 * (rowwise + gelu), 12) +
+  c.backward_input = refwd + gemms + attention_backward(s) + memory_seconds(s, 2 * (rowwise + gelu), 12) +
                      tp_comm(s, 2, 2);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
   c.backward_weight = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e) +
@@ -140,6 +166,8 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   Shape s;
   s.B = p.micro_batch_size;
   s.T = m.seq_len;
+  s.cp = p.cp;
+  s.Tl = SequenceSplit{p.cp, 0, m.seq_len}.local_len();
   s.C = m.d_model;
   s.heads = m.n_head;
   s.qkv = m.d_model + 2.0 * kv_heads(m) * head_size(m);
@@ -147,14 +175,15 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.gated = m.arch == Arch::Llama;
   s.t = p.tp;
   s.V = padded_vocab(m, 128 * p.tp);
-  s.N = s.B * s.T;
+  s.N = s.B * s.Tl;
   s.sp = p.sequence_parallel;
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
   s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
   s.dev = &d;
-  // Rank order tp-dp-pp: a tp group is tp consecutive ranks, a dp group strides tp.
+  // Rank order tp-cp-dp-pp: a tp group is tp consecutive ranks, a cp group strides tp.
   s.tp_link = link_for(cluster, 1, p.tp);
+  s.cp_link = link_for(cluster, p.tp, p.cp);
   return s;
 }
 
@@ -219,13 +248,16 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
                     const std::vector<StageCosts>& costs, StepPrediction& r) {
   const auto& p = cfg.parallel;
   const DeviceSpec& d = cluster.device;
-  const LinkSpec& dp_link = link_for(cluster, p.tp, p.dp);
-  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+  // The gradients reduce over the replicas, dp * cp ranks striding tp.
+  const int replicas = pptrain::replicas(p);
+  const LinkSpec& dp_link = link_for(cluster, p.tp, replicas);
+  const LinkSpec& pp_link = link_for(cluster, p.tp * replicas, p.pp);
   const Placement placement = placement_of(cfg);
   const double bucket = 4 * double(bucket_floats(p));
   // A gradient reduction (reduce-scatter under ZeRO-1) of `bytes`.
   const auto reduce = [&](double bytes) {
-    return zero_shards(p) ? gather_seconds(dp_link, bytes, p.dp) : all_reduce_seconds(dp_link, bytes, p.dp);
+    return zero_shards(p) ? gather_seconds(dp_link, bytes, replicas)
+                          : all_reduce_seconds(dp_link, bytes, replicas);
   };
   // Per stage: its gradients' reduction, less what the last micro-batch's backward hides
   // (GradSync starts each bucket once its layer is done), but never less than what starts
@@ -237,7 +269,7 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
     const ModelPartition part = rank_partition(cfg, stage, 0);
     const double floats = double(param_layout(cfg.model, part).total_floats());
     params = std::max(params, floats);
-    if (p.dp == 1) continue;
+    if (replicas == 1) continue;
     double hidden = 0, tail = bucket;
     for (int c = 0; c < placement.chunks(); ++c) {
       const StageCosts& k = costs[size_t(placement.virtual_stage(stage, c))];
@@ -253,14 +285,14 @@ void after_schedule(const Config& cfg, const Cluster& cluster, const Shape& s,
     r.dp_exposed_s += all_reduce_seconds(pp_link, wte, 2);
   }
   // Grad norm (read g) and AdamW (read p, g, m, v; write p, m, v and the bf16 copy).
-  const double shard = zero_shards(p) ? params / p.dp : params;
+  const double shard = zero_shards(p) ? params / replicas : params;
   r.optimizer_s = shard * (4 + 30) / (d.hbm_gbps * 1e9 * d.memory_efficiency) +
                   2 * all_reduce_seconds(cluster.inter_node, 8, cluster.world() > 1 ? 2 : 1);
   if (zero_shards(p)) {  // the weight copy's bytes (s.e): bf16 on a GPU
-    const double gather = gather_seconds(dp_link, s.e * params, p.dp);
+    const double gather = gather_seconds(dp_link, s.e * params, replicas);
     r.dp_exposed_s +=
         p.overlap ? std::max(gather - r.optimizer_s,
-                             gather_seconds(dp_link, std::min(bucket / 4 * s.e, s.e * params), p.dp))
+                             gather_seconds(dp_link, std::min(bucket / 4 * s.e, s.e * params), replicas))
                   : gather;
   }
 }
@@ -277,9 +309,9 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster) {
 StepPrediction predict_step(const Config& cfg, const Cluster& cluster,
                             const std::vector<std::vector<Step>>& steps) {
   const auto& p = cfg.parallel;
-  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  PPTRAIN_CHECK(world_size(cfg) == cluster.world(), "the layout must fill the cluster");
   const Shape s = shape_of(cfg, cluster);
-  const LinkSpec& pp_link = link_for(cluster, p.tp * p.dp, p.pp);
+  const LinkSpec& pp_link = link_for(cluster, p.tp * replicas(p), p.pp);
   const Placement placement = placement_of(cfg);
   const std::vector<StageCosts> costs = virtual_stage_costs(cfg, s);
   // Each tp rank sends 1/t of a boundary array (its rows under SP; else its share,
@@ -304,7 +336,7 @@ StepPrediction predict_step(const Config& cfg, const Cluster& cluster,
 
 double step_time_lower_bound(const Config& cfg, const Cluster& cluster) {
   const auto& p = cfg.parallel;
-  PPTRAIN_CHECK(p.tp * p.pp * p.dp == cluster.world(), "the layout must fill the cluster");
+  PPTRAIN_CHECK(world_size(cfg) == cluster.world(), "the layout must fill the cluster");
   const Shape s = shape_of(cfg, cluster);
   const Placement placement = placement_of(cfg);
   const std::vector<StageCosts> costs = virtual_stage_costs(cfg, s);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <set>
 #include <tuple>
 
@@ -142,6 +143,42 @@ TEST(TimeModel, BalancedSplitCountsTheHeadAndTheEmbedding) {
   EXPECT_EQ(c.parallel.layers_per_stage.counts.size(), 2u);
 }
 
+Cluster cpus(int ranks) {
+  return parse_cluster("nodes: 1\ngpus_per_node: " + std::to_string(ranks) + "\ndevice: cpu\n",
+                       "c.yaml");
+}
+
+// Context parallelism: at 16K positions on CPU ranks the search splits sequences; a
+// cp 2 layout does half a cp 1 rank's attention, and its ring hides under it; the
+// memory of a rank falls.
+TEST(Planner, ContextParallelismForLongSequences) {
+  Config c;
+  c.model = {2, 4, 64, 16384, 256};
+  c.device = Device::Cpu;
+  c.parallel.micro_batches = 4;
+  c.parallel.micro_batch_size = 1;
+  c.source_path = "model.yaml";
+  const std::vector<PlanRow> rows = plan_layouts(c, cpus(4), {});
+  std::set<int> cps;
+  for (const PlanRow& r : rows) {
+    EXPECT_EQ(r.tp * r.cp * r.pp * r.dp, 4);
+    EXPECT_EQ(r.dp * r.micro_batches * r.micro_batch_size, 4);
+    cps.insert(r.cp);
+  }
+  EXPECT_EQ(cps, (std::set<int>{1, 2, 4}));
+  EXPECT_TRUE(std::none_of(plan_layouts(c, gpus(1, 4), {}).begin(),
+                           plan_layouts(c, gpus(1, 4), {}).end(),
+                           [](const PlanRow& r) { return r.cp > 1; }));
+  PlanOptions only;
+  only.this_layout = true;
+  c.parallel.micro_batches = 1;
+  const PlanRow one = plan_layouts(c, cpus(1), only).at(0);
+  c.parallel.cp = 2;
+  const PlanRow two = plan_layouts(c, cpus(2), only).at(0);
+  EXPECT_NEAR(two.step_time_s / one.step_time_s, 0.5, 0.02);
+  EXPECT_LT(two.peak_memory_mib, 0.7 * one.peak_memory_mib);
+}
+
 TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
   const Config c = small_model();
   const Cluster cluster = gpus(2, 4);
@@ -153,7 +190,8 @@ TEST(Planner, EveryRowKeepsTheModelAndTheGlobalBatch) {
   bool fits_seen = false, previous_fits = true;
   double previous = INFINITY;
   for (const PlanRow& r : rows) {
-    EXPECT_EQ(r.tp * r.pp * r.dp, 8);
+    EXPECT_EQ(r.tp * r.cp * r.pp * r.dp, 8);
+    EXPECT_EQ(r.cp, 1);  // seq_len 256: too short to split, and GPUs have no ring yet
     EXPECT_EQ(r.dp * r.micro_batches * r.micro_batch_size, 16);
     EXPECT_LE(r.tp, 4);  // within a node
     if (!r.dropped.empty()) continue;
