@@ -120,8 +120,7 @@ void validate_parallel(const ParallelConfig& p, const Rules& r) {
     r.fail("parallel.zero", "must be 0 or 1 (got " + std::to_string(p.zero) + ")");
 }
 
-// Context parallelism against the model and the other settings: what the ring supports
-// today (the CPU backend's blocked attention).
+// Context parallelism against the model and the other settings.
 void validate_context_parallel(const Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
   if (p.cp == 1) return;
@@ -132,12 +131,6 @@ void validate_context_parallel(const Config& c, const Rules& r) {
                               ", cp=" + cp + ")");
   if (p.layout == LayoutChoice::Auto)
     r.fail("parallel.cp", cp + " is not yet chosen with parallel.layout: auto (give the layout)");
-  if (c.device != Device::Cpu)
-    r.fail("parallel.cp", cp + " runs on device: cpu only for now (got device " +
-                              std::string(name_of(c.device)) + ")");
-  if (!uses_fused_attention(c.train, false))
-    r.fail("parallel.cp", cp + " needs train.attention: fused or auto, the blocked attention the "
-                          "ring runs");
 }
 
 // Cross-section rules of the parallel layout against the model. Under parallel.layout:

@@ -11,7 +11,10 @@ namespace pptrain {
 ActivationShape DecoderModel::activation_shape() const {
   ActivationShape s = model_activation_shape(cfg_, B_, part_.tp_size, dtype_size(dt_));
   s.seq_len = T_;  // the positions this rank holds
-  s.attention_state_bytes = ops_.attention_state_bytes(B_, T_, NHl_);
+  // The ring's state is the rows' log-sum-exps, whatever the backend's own attention saves.
+  s.attention_state_bytes = split_.cp > 1
+                                ? ops::attention_state_bytes(true, dt_, B_, T_, NHl_)
+                                : ops_.attention_state_bytes(B_, T_, NHl_);
   return s;
 }
 

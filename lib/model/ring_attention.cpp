@@ -24,7 +24,7 @@ RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int 
       len_(ring_.split.piece_len()),
       dt_(ops.compute_dtype()),
       block_bytes_(buffer_bytes(B, ring_.split.local_len(), W_, dt_) / 4),
-      piece_state_bytes_(ops.attention_state_bytes(B, len_, NH)) {
+      piece_state_bytes_(ops::attention_state_bytes(true, dt_, B, len_, NH)) {
   PPTRAIN_CHECK(ring_.world && int(ring_.ranks.size()) == ring_.split.cp &&
                     ring_.split.pieces() == 2,
                 "ring attention needs cp > 1 ranks and the world to reach them");
@@ -76,7 +76,7 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
                                          s == 0 && k == p);
     }
     if (pass) {
-      pass->wait();
+      pass->wait_in_queue();  // a device's stream waits; the host goes on
       held = blocks_[s % 2].act();
     }
   }
@@ -105,7 +105,7 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
                            {comm::Transfer::Recv, previous(), arriving.get(), block_bytes_,
                             kGradTag}});
     if (block_pass) {
-      block_pass->wait();
+      block_pass->wait_in_queue();
       held = blocks_[s % 2].act();
     }
     held_grad = arriving.act();

@@ -371,6 +371,8 @@ inline std::size_t cuda_column_sum_floats(int N, int C) {
   if (N <= 0 || C <= 0) return 0;
   return std::size_t((N + kCudaColumnSumRows - 1) / kCudaColumnSumRows) * std::size_t(C);
 }
+// sum_squares_to's partial sums (one double each), before one result slot per span.
+inline constexpr int kCudaSumSquaresPartials = 1024;
 // The head sizes the fused attention kernels take (given the shared memory they need).
 inline bool cuda_fused_attention_head_size(int hs) {
   return hs == 16 || hs == 32 || hs == 64 || hs == 128;

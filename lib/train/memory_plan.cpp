@@ -18,8 +18,9 @@ ActivationShape activation_shape(const Config& c, const BackendTraits& be) {
   ActivationShape shape = model_activation_shape(c.model, c.parallel.micro_batch_size,
                                                  c.parallel.tp, dtype_size(be.compute));
   shape.seq_len = SequenceSplit{c.parallel.cp, 0, c.model.seq_len}.local_len();
-  shape.attention_state_bytes = ops::attention_state_bytes(
-      be.logsumexp_attention, be.compute, shape.batch, shape.seq_len, shape.heads);
+  shape.attention_state_bytes =
+      ops::attention_state_bytes(be.logsumexp_attention || c.parallel.cp > 1, be.compute,
+                                 shape.batch, shape.seq_len, shape.heads);
   return shape;
 }
 
@@ -52,22 +53,30 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
 
 // What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
 // and one scratch block as large as the largest any of the model's kernels asks for: the
-// bias and norm weight-gradient column sums, or attention's.
+// bias and norm weight-gradient column sums, or attention's (none for the ring's kernels,
+// which context parallelism runs instead). T: the positions a rank holds.
 double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
   const ModelConfig& m = c.model;
-  const int tp = c.parallel.tp, B = c.parallel.micro_batch_size, T = m.seq_len, N = B * T;
+  const int tp = c.parallel.tp, B = c.parallel.micro_batch_size;
+  const int T = SequenceSplit{c.parallel.cp, 0, m.seq_len}.local_len(), N = B * T;
   const int rows_held = c.parallel.sequence_parallel ? N / tp : N;
   const int C = m.d_model, heads = m.n_head / tp, hs = m.d_model / m.n_head;
   // GPT-2: bias sums (widest: c_fc's 4C/t) and LayerNorm's two sums; llama: RMSNorm's one.
   const bool gpt = m.arch == Arch::Gpt2;
-  const std::size_t bias_sums = gpt ? ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)) : 0;
+  std::size_t bias_sums = gpt ? ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)) : 0;
+  if (gpt && c.parallel.cp > 1)  // a piece's position-table gradient: B rows of len * C
+    bias_sums = std::max(bias_sums, ops::cuda_column_sum_floats(
+                                        B, SequenceSplit{c.parallel.cp, 0, m.seq_len}.piece_len() * C));
   std::size_t scratch = 4 * std::max(bias_sums, (gpt ? 2 : 1) * ops::cuda_column_sum_floats(rows_held, C));
   const bool fused = be.logsumexp_attention && ops::cuda_fused_attention_head_size(hs);
   const bool probabilities_in_scratch = be.logsumexp_attention && !fused;
   for (bool backward : {false, true})
-    scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
+    if (c.parallel.cp == 1)
+      scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
                                     backward, fused, probabilities_in_scratch, be.compute, B, T,
                                     heads, hs));
+  // The gradient norm's partial sums (and a slot per tensor, left out: a few hundred bytes).
+  scratch = std::max(scratch, ops::kCudaSumSquaresPartials * sizeof(double));
   return double(ops::kCudaGemmWorkspaceBytes + scratch);
 }
 

@@ -62,10 +62,13 @@ LAYOUTS = {
     "tp2_sp": (2, 1, 1, 4, SP),
     "pp2_full_recompute": (1, 2, 1, 4, ["train.recompute=full"]),
     "tp2_pp2_sp_selective": (2, 2, 1, 4, SP + ["train.recompute=selective"]),
+    # Context parallelism: the ring's steps (ring_attention.cu) and its exchanges on NCCL.
+    "cp2": (1, 1, 1, 4, ["parallel.cp=2"]),
+    "tp2_cp2_pp2": (2, 2, 1, 4, ["parallel.cp=2"]),
 }
 PRECISIONS = {"fp32": 1e-5, "bf16": 2e-2}
 # Fused attention is a bf16 kernel on CUDA: one layout with it.
-FUSED = {"tp2_fused_bf16": ("tp2", "bf16")}
+FUSED = {"tp2_fused_bf16": ("tp2", "bf16"), "cp2_fused_bf16": ("cp2", "bf16")}
 # The model: 4 layers, d_model 32, seq_len 16; a step is 8 sequences of 16 tokens.
 MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len=16",
          "model.vocab_size=64", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
@@ -154,6 +157,7 @@ LLAMA = {
     "llama_dp2_zero1_bf16": ("dp2_zero1", "bf16", LLAMA_GQA, False),
     "llama_tp2_sp_fp32": ("tp2_sp", "fp32", LLAMA_GQA, False),
     "llama_one_fused_bf16": ("one", "bf16", LLAMA_FUSED, True),
+    "llama_cp2_bf16": ("cp2", "bf16", LLAMA_GQA, False),
 }
 
 

@@ -25,28 +25,28 @@ from layout_equivalence import RENDEZVOUS_ENV, rel
 STEPS = 10
 # name: (tp, cp, pp, dp, micro_batches, extra overrides)
 LAYOUTS = {
-    "cp2": (1, 2, 1, 1, 4, []),
-    "cp4": (1, 4, 1, 1, 4, []),
-    "tp2_cp2": (2, 2, 1, 1, 4, []),
-    "tp2_cp2_sp_selective": (2, 2, 1, 1, 4, ["parallel.sequence_parallel=true",
+    "cp2": (1, 2, 1, 1, 2, []),
+    "cp4": (1, 4, 1, 1, 2, []),
+    "tp2_cp2": (2, 2, 1, 1, 2, []),
+    "tp2_cp2_sp_selective": (2, 2, 1, 1, 2, ["parallel.sequence_parallel=true",
                                              "train.recompute=selective"]),
-    "cp2_pp2_1f1b": (1, 2, 2, 1, 4, []),
-    "cp2_pp2_zb_v": (1, 2, 2, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
-    "cp2_dp2_zero1_full": (1, 2, 1, 2, 2, ["parallel.zero=1", "train.recompute=full"]),
-    "tp2_cp2_pp2_dp2": (2, 2, 2, 2, 2, []),
+    "cp2_pp2_1f1b": (1, 2, 2, 1, 2, []),
+    "cp2_pp2_zb_v": (1, 2, 2, 1, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
+    "cp2_dp2_zero1_full": (1, 2, 1, 2, 1, ["parallel.zero=1", "train.recompute=full"]),
+    "tp2_cp2_pp2_dp2": (2, 2, 2, 2, 1, []),
 }
 # Saved after step 5 at the first layout, resumed at the second: (tp, cp, pp, dp, mb).
 RESUME_CASES = {
-    "resume_cp2_to_cp1": ((1, 2, 1, 1, 4, []), (1, 1, 1, 1, 4, [])),
-    "resume_cp1_to_cp2": ((1, 1, 1, 1, 4, []), (1, 2, 1, 1, 4, [])),
-    "resume_cp2_dp2_zero1_to_dp2_zero1": ((1, 2, 1, 2, 2, ["parallel.zero=1"]),
-                                          (1, 1, 1, 2, 2, ["parallel.zero=1"])),
+    "resume_cp2_to_cp1": ((1, 2, 1, 1, 2, []), (1, 1, 1, 1, 2, [])),
+    "resume_cp1_to_cp2": ((1, 1, 1, 1, 2, []), (1, 2, 1, 1, 2, [])),
+    "resume_cp2_dp2_zero1_to_dp2_zero1": ((1, 2, 1, 2, 1, ["parallel.zero=1"]),
+                                          (1, 1, 1, 2, 1, ["parallel.zero=1"])),
 }
 # 4 layers (zb-v at pp 2 needs 4 chunks), 2 heads of 16; micro-batches of one sequence.
 MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len=4096",
          "model.vocab_size=256", "parallel.micro_batch_size=1", f"train.steps={STEPS}",
-         "train.threads=1", "train.eval_every=0", "train.warmup_steps=2", "logging.every=1",
-         "checkpoint.dir=", "parallel.comm_timeout_s=120"]
+         "train.threads=1", "train.eval_every=0", "train.eval_batches=2", "train.warmup_steps=2",
+         "logging.every=1", "checkpoint.dir=", "parallel.comm_timeout_s=120"]
 
 
 

@@ -183,20 +183,6 @@ void CpuOps::attention_forward(Act* out, void* state, const Act* qkv, int B, int
     return attention_forward_blocked(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH, NKV);
   attention_forward(f(out), static_cast<float*>(state), f(qkv), B, T, C, NH, NKV);
 }
-void CpuOps::ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B,
-                                         int C, int NH, int NKV, bool write) {
-  PPTRAIN_CHECK(blocked_attention_, "ring attention needs the blocked attention kernels");
-  ring_attention_forward_step(f(out), static_cast<float*>(state), {f(q.qkv), q.first, q.len},
-                              {f(kv.qkv), kv.first, kv.len}, B, C, NH, NKV, write);
-}
-void CpuOps::ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
-                                          const void* state, SeqPiece q, SeqPiece kv, int B,
-                                          int C, int NH, int NKV) {
-  PPTRAIN_CHECK(blocked_attention_, "ring attention needs the blocked attention kernels");
-  ring_attention_backward_step(f(dq), f(dkv), f(dout), f(out), static_cast<const float*>(state),
-                               {f(q.qkv), q.first, q.len}, {f(kv.qkv), kv.first, kv.len}, B, C,
-                               NH, NKV);
-}
 // The saved probabilities suffice for the unblocked form; the blocked one needs `out`.
 void CpuOps::attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                                 const void* state, int B, int T, int C, int NH, int NKV) {

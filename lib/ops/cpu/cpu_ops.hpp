@@ -104,6 +104,24 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::swiglu_backward, out(dgate_up, elems(N, 2 * F)), in(dout, elems(N, F)),
         in(gate_up, elems(N, 2 * F)), N, F);
   }
+  // The blocked kernels' steps, whichever form attention_forward runs; the state is the
+  // rows' fp32 log-sum-exps.
+  void ring_attention_forward_step(Act* o, void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                   int NH, int NKV, bool write) override {
+    const int W = C + 2 * (C / NH) * NKV;
+    run(&Cpu::ring_forward_step, inout(o, elems(B, q.len, C)), static_cast<float*>(state),
+        in(q.qkv, elems(B, q.len, W)), q.first, q.len, in(kv.qkv, elems(B, kv.len, W)), kv.first,
+        kv.len, B, C, NH, NKV, write);
+  }
+  void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* o,
+                                    const void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                    int NH, int NKV) override {
+    const int W = C + 2 * (C / NH) * NKV;
+    run(&Cpu::ring_backward_step, inout(dq, elems(B, q.len, W)), inout(dkv, elems(B, kv.len, W)),
+        in(dout, elems(B, q.len, C)), in(o, elems(B, q.len, C)), static_cast<const float*>(state),
+        in(q.qkv, elems(B, q.len, W)), q.first, q.len, in(kv.qkv, elems(B, kv.len, W)), kv.first,
+        kv.len, B, C, NH, NKV);
+  }
   void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
             bool inverse, int first) override {
     run(&Cpu::rope, inout(x, elems(N, stride)), N, T, stride, heads, head_size, theta, inverse,
@@ -247,12 +265,6 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                          int NKV) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                           const void* state, int B, int T, int C, int NH, int NKV) override;
-  // The blocked kernels' steps below; the state is the rows' log-sum-exps.
-  void ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B, int C,
-                                   int NH, int NKV, bool write) override;
-  void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
-                                    const void* state, SeqPiece q, SeqPiece kv, int B, int C,
-                                    int NH, int NKV) override;
   // The fp32 overload below: bias and GELU fused into each GEMM tile.
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                       int N, int Cin, int Cout) override;
@@ -318,6 +330,21 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                                     int B, int C, int NH, int NKV);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           int B, int T, int C, int NH, int NKV);
+  // The two steps on flat arrays (piece q's rows from q_first, piece kv's from kv_first),
+  // for the Ops entry points.
+  void ring_forward_step(float* out, float* lse, const float* q, int q_first, int q_len,
+                         const float* kv, int kv_first, int kv_len, int B, int C, int NH, int NKV,
+                         bool write) {
+    ring_attention_forward_step(out, lse, {q, q_first, q_len}, {kv, kv_first, kv_len}, B, C, NH,
+                                NKV, write);
+  }
+  void ring_backward_step(float* dq, float* dkv, const float* dout, const float* out,
+                          const float* lse, const float* q, int q_first, int q_len,
+                          const float* kv, int kv_first, int kv_len, int B, int C, int NH,
+                          int NKV) {
+    ring_attention_backward_step(dq, dkv, dout, out, lse, {q, q_first, q_len},
+                                 {kv, kv_first, kv_len}, B, C, NH, NKV);
+  }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
                          int vocab_rows, const float* wpe, int B, int T, int C);
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,

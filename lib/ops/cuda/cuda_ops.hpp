@@ -120,6 +120,12 @@ class CudaOps final : public Ops {
                          int NKV) override;
   void attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out,
                           const void* state, int B, int T, int C, int NH, int NKV) override;
+  // The state is the rows' fp32 log-sum-exps (ring_attention.cu).
+  void ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                   int NH, int NKV, bool write) override;
+  void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
+                                    const void* state, SeqPiece q, SeqPiece kv, int B, int C,
+                                    int NH, int NKV) override;
 
   void embedding_forward(Act* out, const int32_t* tokens, const Act* wte, int vocab_begin,
                          int vocab_rows, const Act* wpe, int B, int T, int C) override;

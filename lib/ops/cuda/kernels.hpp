@@ -116,6 +116,17 @@ template <typename T> void causal_softmax_forward(T* att, float scale, int BH, i
 template <typename T>
 void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_, cudaStream_t s);
 
+// ---- ring attention's steps (ring_attention.cu): ops::Ops::ring_attention_*_step on
+// pieces q and kv (rows of q|k|v, the position of the first) ----
+template <typename T>
+void ring_attention_forward_step(T* out, float* lse, const T* q, int q_first, int q_len,
+                                 const T* kv, int kv_first, int kv_len, int B, int NH, int NKV,
+                                 int hs, bool write, cudaStream_t s);
+template <typename T>
+void ring_attention_backward_step(T* dq, T* dkv, const T* dout, const T* out, const float* lse,
+                                  const T* q, int q_first, int q_len, const T* kv, int kv_first,
+                                  int kv_len, int B, int NH, int NKV, int hs, cudaStream_t s);
+
 // ---- optimizer and norms (optimizer.cu) ----
 // One AdamW update of n elements (see ops::Ops::adamw); weights may be null.
 template <typename T>

@@ -2,13 +2,14 @@
 // deterministic fp64 sums of the gradient norm and the loss, and the update's control.
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
 
 namespace pptrain::ops::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSumBlocks = 1024;  // most partial sums of sum_squares
+constexpr int kSumBlocks = kCudaSumSquaresPartials;  // most partial sums of sum_squares
 
 struct AdamWArgs {
   float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay, inv_bc1, inv_bc2,
