@@ -9,6 +9,8 @@ within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
 the device exactly once (device_syncs: at its end, for its loss and norm), and the
 most memory any rank held is what check-config predicts, within 4 KiB. Then:
+- context parallelism: cp2 and tp2 x cp2 x pp2 in the layouts above, cp2 with
+  train.attention: fused, and llama at cp2 (the ring's kernels and its NCCL exchanges);
 - llama: model.arch: llama with grouped-query attention, in three layouts and with the
   fused kernels, against the one-rank CPU run of that model;
 - stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
