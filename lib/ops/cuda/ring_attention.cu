@@ -51,6 +51,16 @@ __device__ float dot(const A* x, const B* y, int n) {
   return s;
 }
 
+// Query row i of the B * NH * q.len a kernel's threads take: its sequence, query head,
+// key/value head and row, and (b, h) as one index.
+struct QueryRow {
+  int b, h, kvh, row, bh;
+};
+__device__ QueryRow query_row(std::size_t i, int q_len, const Dims& d) {
+  const int row = static_cast<int>(i % q_len), bh = static_cast<int>(i / q_len);
+  return {bh / d.NH, bh % d.NH, (bh % d.NH) / d.group(), row, bh};
+}
+
 // The keys of kv that query row `row` of q sees: those at or before its position.
 template <typename T>
 __device__ int keys_seen(const Rows<T>& q, int row, const Rows<T>& kv) {
@@ -64,8 +74,7 @@ __global__ void ring_forward_kernel(T* out, float* lse, Rows<T> q, Rows<T> kv, D
   const std::size_t rows = static_cast<std::size_t>(d.B) * d.NH * q.len;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < rows;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const int row = static_cast<int>(i % q.len), bh = static_cast<int>(i / q.len);
-    const int b = bh / d.NH, h = bh % d.NH, kvh = h / d.group();
+    const auto [b, h, kvh, row, bh] = query_row(i, q.len, d);
     const int end = keys_seen(q, row, kv);
     if (end == 0) continue;  // nothing of this piece is visible: out and lse stay
     const T* qr = q_of(q, d, b, row, h);
@@ -108,8 +117,7 @@ __global__ void ring_backward_dq_kernel(T* dq, const T* dout, const T* out, cons
   const std::size_t rows = static_cast<std::size_t>(d.B) * d.NH * q.len;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < rows;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    const int row = static_cast<int>(i % q.len), bh = static_cast<int>(i / q.len);
-    const int b = bh / d.NH, h = bh % d.NH, kvh = h / d.group();
+    const auto [b, h, kvh, row, bh] = query_row(i, q.len, d);
     const int end = keys_seen(q, row, kv);
     if (end == 0) continue;
     const std::size_t at = (static_cast<std::size_t>(b) * q.len + row) * C + h * d.hs;
