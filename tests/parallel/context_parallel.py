@@ -10,12 +10,15 @@ ring's messages (a rank's q|k|v rows, 512 KiB and more) and the pipeline's are f
 Open MPI's eager limits, which are forced down, so every message rendezvouses.
 Checkpoints do not depend on cp: a cp 2 run saved after step 5 resumes at cp 1 (and a
 cp 1 one at cp 2, under ZeRO-1 at dp 2 the other way), and the resumed steps must give
-the uninterrupted run's losses.
+the uninterrupted run's losses; the cp 2 and cp 1 checkpoints of step 5 export to
+Hugging Face files holding the same tensors (within 1e-5: rounding of the same sums).
 Usage: context_parallel.py PPTRAIN CONFIG WORKDIR [NAME ...] [KEY=VALUE ...]
 (KEY=VALUE: a setting for every run, after the model's below.)
 """
+import array
 import json
 import os
+import struct
 import shutil
 import subprocess
 import sys
@@ -67,6 +70,35 @@ def run(pptrain, config, work, name, layout, more=()):
         return [json.loads(line) for line in f]
 
 
+def safetensors_f32(path):
+    """{name: fp32 values} of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name != "__metadata__":
+            begin, end = t["data_offsets"]
+            out[name] = array.array("f", data[8 + n + begin:8 + n + end])
+    return out
+
+
+def exports_match(pptrain, work, checkpoints):
+    """The Hugging Face exports of `checkpoints` hold the same tensors within 1e-5."""
+    tensors = []
+    for i, ck in enumerate(checkpoints):
+        out = os.path.join(work, f"export_{i}")
+        subprocess.run([pptrain, "export", "--checkpoint", ck, "--out", out], check=True,
+                       capture_output=True, timeout=120)
+        tensors.append(safetensors_f32(os.path.join(out, "model.safetensors")))
+    worst = max(abs(x - y) for name in tensors[0]
+                for x, y in zip(tensors[0][name], tensors[1][name]))
+    ok = tensors[0].keys() == tensors[1].keys() and worst <= 1e-5
+    print(f"{'export_cp2_equals_cp1':34} worst {worst:.1e} -> {'ok' if ok else 'FAIL'}")
+    return ok
+
+
 def compare(name, rows, ref, first_step):
     """Worst relative differences of loss, gradient norm and validation loss."""
     worst = 0.0
@@ -114,6 +146,10 @@ def main():
             sys.exit(f"{name}: resumed at step {rows[0]['step']}, not 6")
         if not compare(name, rows, ref[5:], False):
             failures.append(name)
+    saved = [os.path.join(work, n + "_saved", "step_00000005")
+             for n in ("resume_cp2_to_cp1", "resume_cp1_to_cp2")]
+    if all(os.path.isdir(d) for d in saved) and not exports_match(pptrain, work, saved):
+        failures.append("export")
     if failures:
         sys.exit("context parallelism differs from cp 1: " + ", ".join(failures))
     print("every context-parallel layout trains to the cp 1 losses")
