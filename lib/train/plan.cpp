@@ -31,7 +31,8 @@ std::string describe_plan_json(const Config& c, const std::vector<std::string>& 
       {"recompute_layers", c.train.recompute_layers},
       {"sequence_parallel", c.parallel.sequence_parallel},
       {"schedule", name_of(c.parallel.schedule)},
-      {"layout", {{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"dp", c.parallel.dp},
+      {"layout", {{"tp", c.parallel.tp}, {"cp", c.parallel.cp}, {"pp", c.parallel.pp},
+                  {"dp", c.parallel.dp},
                   {"virtual_stages", c.parallel.virtual_stages},
                   {"micro_batch_size", c.parallel.micro_batch_size},
                   {"micro_batches", c.parallel.micro_batches}, {"zero", c.parallel.zero}}},
@@ -86,7 +87,8 @@ std::string describe_plan(const Config& c, const std::vector<std::string>& auto_
                             m.d_model, m.seq_len, m.vocab_size, padded_vocab(m)));
   line("parameters", fmt::format("{} ({:.2f} M)", layout.hf_param_count(),
                                  double(layout.hf_param_count()) / 1e6));
-  line("layout", fmt::format("tp {} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp, p.pp, p.dp,
+  line("layout", fmt::format("tp {}{} x pp {} x dp {} = {} rank(s), schedule {}{}", p.tp,
+                             p.cp > 1 ? fmt::format(" x cp {}", p.cp) : std::string(), p.pp, p.dp,
                              world_size(c), name_of(p.schedule),
                              p.sequence_parallel ? ", sequence parallel" : ""));
   if (!auto_sets.empty()) {
