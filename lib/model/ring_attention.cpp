@@ -57,6 +57,13 @@ std::unique_ptr<comm::PendingOp> RingAttention::pass_on(const ops::Act* held, in
        {comm::Transfer::Recv, previous(), blocks_[s % 2].get(), block_bytes_, kBlockTag}});
 }
 
+// MPI moves a started transfer only inside its calls: a test between the host's pieces
+// of work lets the block travel while the attention runs. A device's exchange needs none
+// (an event query).
+void RingAttention::progress(comm::PendingOp* pass) {
+  if (pass) pass->test();
+}
+
 ops::Ops::SeqPiece RingAttention::piece(const ops::Act* block, int p, int owner) const {
   return {rows(block, p, W_), ring_.split.first(p, owner), len_};
 }
@@ -74,6 +81,7 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
         ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), piece(qkv, p, r),
                                          piece(held, k, owner), B_, C_, NH_, NKV_,
                                          s == 0 && k == p);
+      progress(pass.get());
     }
     if (pass) {
       pass->wait_in_queue();  // a device's stream waits; the host goes on
@@ -92,12 +100,14 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
     std::unique_ptr<comm::PendingOp> block_pass = pass_on(held, s);
-    for (int p = 0; p < 2; ++p)
+    for (int p = 0; p < 2; ++p) {
       for (int k = 0; k < 2; ++k)
         ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(held_grad, k, W_),
                                           rows(dout, p, C_), rows(out, p, C_),
                                           state_of(state, p), piece(qkv, p, r),
                                           piece(held, k, owner), B_, C_, NH_, NKV_);
+      progress(block_pass.get());
+    }
     // The gradient follows its block; after the last step it reaches the block's owner,
     // and this rank receives its own.
     ops::Buffer& arriving = grads_[(s + 1) % 2];

@@ -48,6 +48,7 @@ class RingAttention {
   // At step s: sends `held` on to the next rank and receives the previous rank's block
   // into blocks_[s % 2]; null at the last step.
   std::unique_ptr<comm::PendingOp> pass_on(const ops::Act* held, int s);
+  static void progress(comm::PendingOp* pass);
   ops::Act* rows(ops::Act* a, int p, int width) const;
   const ops::Act* rows(const ops::Act* a, int p, int width) const;
   void* state_of(void* state, int p) const;

@@ -109,6 +109,18 @@ __global__ void ring_forward_kernel(T* out, float* lse, Rows<T> q, Rows<T> kv, D
   }
 }
 
+// Key k's probability for query q (whose row has log-sum-exp L) and the gradient of its
+// score before the scale: p (dout . v - delta), delta = dout . out of the query's row.
+struct ScoreGrad {
+  float p, g;
+};
+template <typename T>
+__device__ ScoreGrad score_grad(const T* q, const T* k, const T* v, const T* dout, float delta,
+                                float L, int hs, float scale) {
+  const float p = expf(fminf(dot(q, k, hs) * scale - L, 0.0f));
+  return {p, p * (dot(dout, v, hs) - delta)};
+}
+
 // dq (the q part of q's rows) += scale * sum_j p_j (dout . v_j - delta) k_j.
 template <typename T>
 __global__ void ring_backward_dq_kernel(T* dq, const T* dout, const T* out, const float* lse,
@@ -128,9 +140,8 @@ __global__ void ring_backward_dq_kernel(T* dq, const T* dout, const T* out, cons
     for (int c = 0; c < d.hs; ++c) acc[c] = 0.0f;
     for (int j = 0; j < end; ++j) {
       const T* kr = k_of(kv, d, b, j, kvh);
-      const float p = expf(fminf(dot(qr, kr, d.hs) * scale - L, 0.0f));
-      const float g = p * (dot(dout + at, v_of(kv, d, b, j, kvh), d.hs) - delta);
-      for (int c = 0; c < d.hs; ++c) acc[c] += g * to_f32(kr[c]);
+      const ScoreGrad s = score_grad(qr, kr, v_of(kv, d, b, j, kvh), dout + at, delta, L, d.hs, scale);
+      for (int c = 0; c < d.hs; ++c) acc[c] += s.g * to_f32(kr[c]);
     }
     T* dqr = dq + (qr - q.qkv);
     for (int c = 0; c < d.hs; ++c) dqr[c] = from_f32<T>(to_f32(dqr[c]) + scale * acc[c]);
@@ -159,11 +170,11 @@ __global__ void ring_backward_dkv_kernel(T* dkv, const T* dout, const T* out, co
         const std::size_t at = (static_cast<std::size_t>(b) * q.len + row) * C + h * d.hs;
         const T* qr = q_of(q, d, b, row, h);
         const float L = lse[(static_cast<std::size_t>(b) * d.NH + h) * q.len + row];
-        const float p = expf(fminf(dot(qr, kr, d.hs) * scale - L, 0.0f));
-        const float g = p * (dot(dout + at, vr, d.hs) - dot(dout + at, out + at, d.hs));
+        const ScoreGrad s =
+            score_grad(qr, kr, vr, dout + at, dot(dout + at, out + at, d.hs), L, d.hs, scale);
         for (int c = 0; c < d.hs; ++c) {
-          dv[c] += p * to_f32(dout[at + c]);
-          dk[c] += scale * g * to_f32(qr[c]);
+          dv[c] += s.p * to_f32(dout[at + c]);
+          dk[c] += scale * s.g * to_f32(qr[c]);
         }
       }
     T* dkr = dkv + (kr - kv.qkv);
