@@ -60,6 +60,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
     auto staged = std::make_shared<const std::vector<unsigned char>>(begin, begin + bytes);
     work = [=] {
       still_allocated(dst, bytes, dst_device, what);
+      races::note(dst, bytes, true);
       std::memcpy(dst, staged->data(), bytes);
       return true;
     };
@@ -67,6 +68,8 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
     work = [=] {
       still_allocated(dst, bytes, dst_device, what);
       still_allocated(src, bytes, src_device, what);
+      races::note(src, bytes, false);
+      races::note(dst, bytes, true);
       std::memmove(dst, src, bytes);
       return true;
     };
@@ -83,6 +86,7 @@ cudaError_t fill(void* p, int value, std::size_t bytes, Stream* s, bool block) {
                      std::to_string(bytes) + " bytes";
   Work work = [=] {
     still_allocated(p, bytes, device, what);
+    races::note(p, bytes, true);
     std::memset(p, value, bytes);
     return true;
   };

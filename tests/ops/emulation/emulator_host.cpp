@@ -1,6 +1,7 @@
 // The emulated CUDA runtime's devices and memory (emulator_host_api.hpp): the registry of
 // device allocations (256-byte aligned host memory, each on the device current when it was
 // made), the device count (PPTRAIN_EMULATED_GPUS) and every device's properties.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "cuda_emulator.hpp"
+#include "emulator_races.hpp"
 #include "emulator_streams.hpp"
 
 namespace pptrain_emu {
@@ -25,6 +27,7 @@ struct Registry {
   std::mutex mutex;
   std::map<const char*, Allocation> allocations;  // by base
   std::map<int, std::size_t> bytes;               // in use, by device
+  std::uint64_t version = 0;                       // changes with every allocation and free
 };
 Registry& registry() {
   static Registry r;
@@ -63,11 +66,13 @@ cudaError_t device_malloc(void** p, std::size_t bytes) {
   void* mem = std::aligned_alloc(256, rounded);
   if (mem == nullptr) return cudaErrorMemoryAllocation;
   std::memset(mem, 0xFF, rounded);  // NaN poison, as shared memory: never zeroed for free
+  races::mark_device_memory(mem, rounded, true);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const int device = current_device();
   r.allocations[static_cast<const char*>(mem)] = {bytes, device};
   r.bytes[device] += bytes;
+  ++r.version;
   *p = mem;
   return cudaSuccess;
 }
@@ -76,6 +81,7 @@ cudaError_t device_free(void* p) {
   if (p == nullptr) return cudaSuccess;
   Registry& r = registry();
   int device = 0;
+  std::size_t bytes = 0;
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     const auto it = r.allocations.find(static_cast<const char*>(p));
@@ -87,9 +93,13 @@ cudaError_t device_free(void* p) {
     std::lock_guard<std::mutex> lock(r.mutex);
     const auto it = r.allocations.find(static_cast<const char*>(p));
     if (it == r.allocations.end()) return cudaErrorInvalidValue;  // freed meanwhile
-    r.bytes[device] -= it->second.bytes;
+    bytes = it->second.bytes;
+    r.bytes[device] -= bytes;
     r.allocations.erase(it);
+    ++r.version;
   }
+  races::forget(p);
+  races::mark_device_memory(p, (bytes + 255) / 256 * 256, false);
   std::free(p);
   return cudaSuccess;
 }
@@ -104,6 +114,15 @@ bool device_range_ok(const void* p, std::size_t bytes) {
   const char* base = it->first;
   if (begin >= base + it->second.bytes) return true;  // past this allocation: host memory
   return bytes <= std::size_t(base + it->second.bytes - begin);
+}
+
+void races::refresh_allocations(AllocationList& list) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (list.version == r.version) return;
+  list.spans.clear();
+  for (const auto& [base, a] : r.allocations) list.spans.emplace_back(base, a.bytes);
+  list.version = r.version;
 }
 
 int device_of(const void* p, std::size_t bytes) {

@@ -108,18 +108,31 @@ class Op {
   void post();
   bool test();
   void abandon();  // idempotent
+  // Tells the race detector which user memory the operation reads and writes, as
+  // accesses of the running stream item (it may touch them any time until it completes).
+  void note_touches() const;
   const std::string& what() const { return what_; }
   Comm& comm() { return *comm_; }
   const std::shared_ptr<Comm>& comm_ptr() const { return comm_; }
 
  protected:
+  // Declares user memory the operation reads or writes (note_touches).
+  void touches(const void* p, std::size_t bytes, bool writes) {
+    if (p != nullptr && bytes != 0) touched_.push_back({p, bytes, writes});
+  }
   virtual void do_post() = 0;
   virtual bool do_test() = 0;
   virtual void do_abandon() = 0;
 
  private:
+  struct Touch {
+    const void* p;
+    std::size_t bytes;
+    bool writes;
+  };
   std::shared_ptr<Comm> comm_;
   std::string what_;
+  std::vector<Touch> touched_;
   bool posted_ = false, finished_ = false;
 };
 

@@ -52,7 +52,23 @@ class CollOp final : public Op {
               static_cast<std::int32_t>(args.op),
               args.root},
         block_(args.count * type_size(args.type)),
-        at_(static_cast<std::size_t>(comm->nranks), kNone) {}
+        at_(static_cast<std::size_t>(comm->nranks), kNone) {
+    const std::size_t n = static_cast<std::size_t>(comm->nranks);
+    const bool root = comm->rank == args.root;
+    switch (args.kind) {
+      case Coll::AllReduce: touches(args.send, block_, false), touches(args.recv, block_, true); break;
+      case Coll::AllGather: touches(args.send, block_, false), touches(args.recv, n * block_, true); break;
+      case Coll::ReduceScatter: touches(args.send, n * block_, false), touches(args.recv, block_, true); break;
+      case Coll::Broadcast:
+        if (root) touches(args.send, block_, false);
+        touches(args.recv, block_, true);
+        break;
+      case Coll::Reduce:
+        touches(args.send, block_, false);
+        if (root) touches(args.recv, block_, true);
+        break;
+    }
+  }
 
  protected:
   void do_post() override {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include "emulator_races.hpp"
+
 #include "emulator_nccl.hpp"
 
 namespace pptrain_emu::nccl_emu {
@@ -191,6 +193,10 @@ Op::Op(std::shared_ptr<Comm> comm, std::string what)
 Op::~Op() {
   auto& live = comm_->live;
   live.erase(std::remove(live.begin(), live.end(), this), live.end());
+}
+
+void Op::note_touches() const {
+  for (const Touch& t : touched_) races::note(t.p, t.bytes, t.writes);
 }
 
 void Op::post() {

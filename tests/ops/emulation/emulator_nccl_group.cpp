@@ -20,8 +20,11 @@ namespace {
 // The operations of one group (or one call), run by an item on each of its streams.
 class Batch {
  public:
-  Batch(std::vector<std::unique_ptr<Op>> ops, std::size_t streams)
-      : ops_(std::move(ops)), done_(ops_.size()), arrived_(streams) {
+  // ops[i] was issued on stream number stream_of[i].
+  Batch(std::vector<std::unique_ptr<Op>> ops, std::vector<std::size_t> stream_of,
+        std::size_t streams)
+      : ops_(std::move(ops)), stream_of_(std::move(stream_of)), done_(ops_.size()),
+        arrived_(streams), noted_(streams) {
     for (auto& op : ops_) ++op->comm().queued;
   }
   ~Batch() {
@@ -36,6 +39,11 @@ class Batch {
 
   // The item of stream `index`: true once every operation has finished.
   bool run(std::size_t index) {
+    if (!noted_[index]) {  // its stream's item touches the memory of its operations
+      noted_[index] = true;
+      for (std::size_t i = 0; i < ops_.size(); ++i)
+        if (stream_of_[i] == index) ops_[i]->note_touches();
+    }
     arrived_[index] = true;
     if (std::find(arrived_.begin(), arrived_.end(), false) != arrived_.end()) return false;
     if (!posted_) {
@@ -62,7 +70,8 @@ class Batch {
  private:
   static bool gone(const Comm& c) { return c.aborted || c.destroyed; }
   std::vector<std::unique_ptr<Op>> ops_;
-  std::vector<bool> done_, arrived_;
+  std::vector<std::size_t> stream_of_;
+  std::vector<bool> done_, arrived_, noted_;
   bool posted_ = false;
 };
 
@@ -84,13 +93,17 @@ GroupState& group() {
 // Queues the operations, each issued on the stream of the same index, as one batch.
 void queue(const std::vector<cudaStream_t>& on, std::vector<std::unique_ptr<Op>> ops) {
   std::vector<cudaStream_t> streams;  // in order of first use
-  for (cudaStream_t s : on)
-    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  std::vector<std::size_t> stream_of;
+  for (cudaStream_t s : on) {
+    auto it = std::find(streams.begin(), streams.end(), s);
+    if (it == streams.end()) it = streams.insert(it, s);
+    stream_of.push_back(std::size_t(it - streams.begin()));
+  }
   std::string what = ops[0]->what();
   if (ops.size() > 1)
     what = "NCCL group of " + std::to_string(ops.size()) + " operations (" + what + ", ...)" +
            (streams.size() > 1 ? " on " + std::to_string(streams.size()) + " streams" : "");
-  auto batch = std::make_shared<Batch>(std::move(ops), streams.size());
+  auto batch = std::make_shared<Batch>(std::move(ops), std::move(stream_of), streams.size());
   if (stream_schedule() == "sync") batch->all_arrived();
   for (std::size_t k = 0; k < streams.size(); ++k)
     enqueue(streams[k], what, [batch, k] { return batch->run(k); });

@@ -55,7 +55,9 @@ class SendOp final : public Op {
         buf_(buf),
         peer_(peer),
         mine_{comm->next_send[static_cast<std::size_t>(peer)]++, count, type, 0},
-        bytes_(count * type_size(type)) {}
+        bytes_(count * type_size(type)) {
+    touches(buf, bytes_, false);
+  }
 
  protected:
   void do_post() override {
@@ -105,7 +107,9 @@ class RecvOp final : public Op {
         buf_(buf),
         peer_(peer),
         mine_{comm->next_recv[static_cast<std::size_t>(peer)]++, count, type, 0},
-        bytes_(count * type_size(type)) {}
+        bytes_(count * type_size(type)) {
+    touches(buf, bytes_, true);
+  }
 
  protected:
   void do_post() override {

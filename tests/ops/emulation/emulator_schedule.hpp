@@ -10,16 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "emulator_races.hpp"
 #include "emulator_streams.hpp"
 
 namespace pptrain_emu::sched {
 
 struct Queue;
 // A point in a queue: done once the queue has completed `position` items. A mark
-// without a queue is always done (an event never recorded).
+// without a queue is always done (an event never recorded). `clock`: the race
+// detector's clock of the item at `position` (what happens before it).
 struct Mark {
   std::shared_ptr<Queue> queue;
   std::uint64_t position = 0;
+  races::ClockRef clock;
   bool done() const;
 };
 
@@ -27,6 +30,7 @@ struct Item {
   std::string what;
   Work work;
   std::vector<Mark> after;  // what must be done before the item starts
+  races::ClockRef clock;    // what happens before it, itself included
 };
 
 struct Queue {
@@ -38,6 +42,7 @@ struct Queue {
   bool running = false;    // its head is running on some host thread
   std::deque<Item> items;  // not yet completed, the head first
   std::uint64_t pushed = 0, completed = 0;
+  races::ClockRef last_clock;  // the clock of item `pushed`
   std::string name() const;
 };
 
@@ -78,12 +83,18 @@ bool remove_event(Event* e);
 // its completion. With the "sync" schedule the item runs before submit returns.
 Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q, std::string what,
             Work work, std::vector<Mark> after = {});
+// The mark of q's last queued item.
+Mark end_of(const std::shared_ptr<Queue>& q);
 // The end of every queue of `device` (its pending work, destroyed streams' included).
 std::vector<Mark> device_marks(int device);
 
 // Runs queued work until every target is done. wait: blocks until then (polling while
 // items wait for other processes); otherwise runs what can run now and says whether
 // the targets are done. Throws what a work item throws, and on a dependency cycle.
-bool drive(std::unique_lock<std::mutex>& held, const std::vector<Mark>& targets, bool wait);
+// host_sees: once the targets are done the host has seen them complete (the race
+// detector's host clock learns theirs); false for the "sync" schedule's running of work
+// as it is queued, which orders nothing.
+bool drive(std::unique_lock<std::mutex>& held, const std::vector<Mark>& targets, bool wait,
+           bool host_sees = true);
 
 }  // namespace pptrain_emu::sched

@@ -48,7 +48,7 @@ cudaError_t stream_synchronize(Stream* s) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q) return cudaErrorInvalidResourceHandle;
-  sched::drive(held, {{q, q->pushed}}, true);
+  sched::drive(held, {sched::end_of(q)}, true);
   return cudaSuccess;
 }
 
@@ -56,7 +56,7 @@ cudaError_t stream_query(Stream* s) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q) return cudaErrorInvalidResourceHandle;
-  return sched::drive(held, {{q, q->pushed}}, false) ? cudaSuccess : cudaErrorNotReady;
+  return sched::drive(held, {sched::end_of(q)}, false) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t stream_wait_event(Stream* s, Event* e) {

@@ -108,14 +108,17 @@ void finish(State& s, const std::shared_ptr<Queue>& q) {
 bool run_head(State& s, std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q) {
   q->running = true;
   Item& item = q->items.front();  // stays put: others only append to the deque
+  races::start_run({{q->id, q->completed + 1}, item.clock, q->device, item.what, q->name()});
   held.unlock();
   bool done = false;
   try {
     inside_work = true;
     done = item.work();
     inside_work = false;
+    races::finish_run();
   } catch (...) {
     inside_work = false;
+    races::abandon_run();
     held.lock();
     q->running = false;
     finish(s, q);  // a failed item is gone; the failure goes to the caller
@@ -140,6 +143,16 @@ bool try_group(State& s, std::unique_lock<std::mutex>& held,
     waiting = true;
   }
   return false;
+}
+
+// The host has seen the targets complete: it learns their clocks, and the race detector
+// drops what nothing can race with any more.
+void host_saw(State& s, const std::vector<Mark>& targets) {
+  for (const Mark& m : targets) races::host_saw(m.clock);
+  std::vector<races::ClockRef> pending;
+  for (const auto& q : s.queues)
+    if (!q->items.empty()) pending.push_back(q->items.front().clock);
+  races::prune(pending);
 }
 
 std::string describe_blocked(const std::map<Queue*, std::uint64_t>& upto) {
@@ -205,34 +218,47 @@ Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q,
   if (q->legacy) {
     for (const auto& p : s.queues)
       if (p->device == q->device && !p->legacy && p->blocking && pending(p))
-        after.push_back({p, p->pushed});
+        after.push_back(end_of(p));
   } else if (q->blocking) {
     const auto it = s.legacy.find(q->device);
-    if (it != s.legacy.end() && pending(it->second))
-      after.push_back({it->second, it->second->pushed});
+    if (it != s.legacy.end() && pending(it->second)) after.push_back(end_of(it->second));
   }
-  q->items.push_back({std::move(what), std::move(work), std::move(after)});
-  const Mark mark{q, ++q->pushed};
-  if (s.synchronous && !inside_work) drive(held, {mark}, true);
+  // What happens before the item: its queue's last item, what it waits for, what the
+  // host has seen complete.
+  auto clock = std::make_shared<races::Clock>(*races::host_clock());
+  if (q->last_clock) clock->join(*q->last_clock);
+  for (const Mark& m : after)
+    if (m.clock) clock->join(*m.clock);
+  clock->advance({q->id, q->pushed + 1});
+  q->last_clock = clock;
+  q->items.push_back({std::move(what), std::move(work), std::move(after), clock});
+  const Mark mark{q, ++q->pushed, clock};
+  // Not a synchronisation: the host learns nothing from it.
+  if (s.synchronous && !inside_work) drive(held, {mark}, true, false);
   return mark;
 }
+
+Mark end_of(const std::shared_ptr<Queue>& q) { return {q, q->pushed, q->last_clock}; }
 
 std::vector<Mark> device_marks(int device) {
   std::vector<Mark> marks;
   for (const auto& q : state().queues)
-    if (q->device == device) marks.push_back({q, q->pushed});
+    if (q->device == device) marks.push_back(end_of(q));
   return marks;
 }
 
-bool drive(std::unique_lock<std::mutex>& held, const std::vector<Mark>& targets, bool wait) {
+bool drive(std::unique_lock<std::mutex>& held, const std::vector<Mark>& targets, bool wait,
+           bool host_sees) {
   if (inside_work)
     throw std::logic_error("emulated CUDA: a synchronising call from inside queued stream work");
   State& s = state();
   const auto start = std::chrono::steady_clock::now();
   bool warned = false;
   for (;;) {
-    if (std::all_of(targets.begin(), targets.end(), [](const Mark& m) { return m.done(); }))
+    if (std::all_of(targets.begin(), targets.end(), [](const Mark& m) { return m.done(); })) {
+      if (host_sees) host_saw(s, targets);
       return true;
+    }
     const auto upto = needed(targets);
     std::vector<std::shared_ptr<Queue>> mine, others;
     bool busy = false;

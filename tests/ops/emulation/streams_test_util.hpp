@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "emulator_races.hpp"
 #include "emulator_streams.hpp"
 
 namespace pptrain::emulation_test {
@@ -30,6 +31,20 @@ class Asynchronous : public ScopedSchedule {
  public:
   Asynchronous() : ScopedSchedule(pptrain_emu::stream_schedule() == "sync" ? "0"
                                                                            : pptrain_emu::stream_schedule()) {}
+};
+
+// The race detector on or off while in scope.
+class ScopedRaceDetector {
+ public:
+  explicit ScopedRaceDetector(bool on) : saved_(pptrain_emu::races::enabled()) {
+    pptrain_emu::races::set_enabled(on);
+  }
+  ~ScopedRaceDetector() { pptrain_emu::races::set_enabled(saved_); }
+  ScopedRaceDetector(const ScopedRaceDetector&) = delete;
+  ScopedRaceDetector& operator=(const ScopedRaceDetector&) = delete;
+
+ private:
+  bool saved_;
 };
 
 struct OwnedStream {
