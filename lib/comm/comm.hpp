@@ -143,6 +143,9 @@ struct DeviceComms {
   std::unique_ptr<World> world;
   std::unique_ptr<Group> tp, dp, pp;  // dp as in Comms
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
+  // The context-parallel ring's exchanges (peers by world rank, within this rank's cp
+  // group), on a stream of their own beside the compute stream; null when cp is 1.
+  std::unique_ptr<World> ring;
 };
 
 // Every communicator of the run, created once at start-up on every rank in the same
@@ -161,6 +164,10 @@ struct Comms {
   double timeout_s = 0;                 // the watchdog limit of every wait (0: local, none)
 
   World& world_for_model() const { return device ? *device->world : *world; }
+  // Where ring attention sends its blocks (model/ring_attention.hpp).
+  World& ring_for_model() const {
+    return device && device->ring ? *device->ring : world_for_model();
+  }
   Group* tp_for_model() const { return device ? device->tp.get() : tp.get(); }
   Group* dp_for_model() const { return device ? device->dp.get() : dp.get(); }
   Group* pp_for_model() const { return device ? device->pp.get() : pp.get(); }

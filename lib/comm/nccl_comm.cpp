@@ -1,5 +1,5 @@
 // add_nccl_comms: the NCCL communicators of the rank grid, created at start-up on every
-// rank in one fixed order (world, tp, dp, pp, embedding), each bootstrapped over the host
+// rank in one fixed order (world, tp, dp, pp, embedding, cp ring), each bootstrapped over the host
 // world (its rank 0 makes the ncclUniqueId and sends it to the other members).
 #include "comm/nccl_comm.hpp"
 
@@ -41,12 +41,18 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
   auto ctx = std::make_shared<detail::NcclContext>(
       host, static_cast<cudaStream_t>(compute_stream), comms.timeout_s, host_waits);
   auto device = std::make_unique<DeviceComms>();
-  device->world =
-      detail::make_nccl_world(ctx, ctx->add_comm(detail::every_rank(size), "world", 0), size);
+  device->world = detail::make_nccl_world(
+      ctx, ctx->add_comm(detail::every_rank(size), "world", 0), size, detail::every_rank(size));
   device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
   device->dp = twin(ctx, *comms.dp, grid.replica_group(rank), 2);
   device->pp = twin(ctx, *comms.pp, grid.pp_group(rank), 4);
   if (has_embedding) device->embedding = twin(ctx, *comms.embedding, grid.embedding_group(rank), 3);
+  if (grid.cp() > 1) {
+    const std::vector<int> ring = grid.cp_group(rank);
+    const detail::NcclOpInfo info{"start-up", "cp ring", {detail::join_ranks(ring), ring}};
+    device->ring = detail::make_nccl_world(ctx, ctx->add_comm(ring, "cp ring", 5), size, ring,
+                                           ctx->new_stream(info));
+  }
   comms.device = std::move(device);
 }
 

@@ -34,6 +34,14 @@ NcclContext::~NcclContext() {
   for (const Watched& w : watched_) (void)cudaEventDestroy(w.done);
   for (auto it = comms_.rbegin(); it != comms_.rend(); ++it) (void)ncclCommDestroy(*it);
   if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
+  for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
+}
+
+cudaStream_t NcclContext::new_stream(const NcclOpInfo& info) {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", info);
+  streams_.push_back(s);
+  return s;
 }
 
 ncclComm_t NcclContext::add_comm(const std::vector<int>& members, const std::string& name,
@@ -180,8 +188,9 @@ void NcclContext::abort(const std::string& message, int exit_code) {
 }
 
 NcclPending::NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cudaEvent_t done,
-                         NcclOpInfo info)
-    : ctx_(std::move(ctx)), comm_(comm), done_(done), info_(std::move(info)) {}
+                         NcclOpInfo info, const char* wait_site)
+    : ctx_(std::move(ctx)), comm_(comm), done_(done), info_(std::move(info)),
+      wait_site_(wait_site) {}
 
 NcclPending::~NcclPending() {
   wait();
@@ -195,7 +204,7 @@ void NcclPending::wait() {
 
 void NcclPending::wait_in_queue() {
   if (complete_) return;
-  ctx_->stream_wait("compute-after-collective", ctx_->compute_stream(), done_, info_);
+  ctx_->stream_wait(wait_site_, ctx_->compute_stream(), done_, info_);
   ctx_->watch(done_, comm_, std::move(info_));
   done_ = nullptr;  // the context owns it now
   complete_ = true;  // for this object: nothing is left to wait for

@@ -45,6 +45,8 @@ class NcclContext {
 
   cudaStream_t compute_stream() const { return compute_; }
   cudaStream_t comm_stream() const { return comm_stream_; }
+  // A new non-blocking stream, owned by the context (destroyed with it).
+  cudaStream_t new_stream(const NcclOpInfo& info);
   int world_rank() const { return world_rank_; }
   World& host_world() const { return host_world_; }
 
@@ -80,6 +82,7 @@ class NcclContext {
   World& host_world_;
   cudaStream_t compute_;
   cudaStream_t comm_stream_ = nullptr;
+  std::vector<cudaStream_t> streams_;  // new_stream's
   double timeout_s_;
   int world_rank_;
   // Ends the job naming `info` once `since` is more than the timeout ago, unless every
@@ -106,8 +109,9 @@ class NcclContext {
 // after the operation; test() only queries the event.
 class NcclPending final : public PendingOp {
  public:
+  // wait_site: the stream_wait site of wait_in_queue.
   NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cudaEvent_t done,
-              NcclOpInfo info);
+              NcclOpInfo info, const char* wait_site = "compute-after-collective");
   ~NcclPending() override;
   void wait() override;
   bool test() override;
@@ -118,12 +122,18 @@ class NcclPending final : public PendingOp {
   ncclComm_t comm_;
   cudaEvent_t done_;
   NcclOpInfo info_;
+  const char* wait_site_;
   bool complete_ = false;
 };
 
 std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
                                        std::string name, std::vector<int> members);
+// Point-to-point over `comm`, whose rank i is world rank members[i] (of `size`), with
+// peers named by world rank. On the compute stream; or, given a stream of its own,
+// there after the compute stream's earlier work (site "exchange-after-compute"), and
+// wait_in_queue makes the compute stream wait (site "compute-after-exchange").
 std::unique_ptr<World> make_nccl_world(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
-                                       int size);
+                                       int size, std::vector<int> members,
+                                       cudaStream_t own_stream = nullptr);
 
 }  // namespace pptrain::comm::detail

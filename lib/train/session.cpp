@@ -133,7 +133,7 @@ Session::Session(const Config& config)
                              optimizer_holds_master(config.parallel, ops->compute_dtype())
                                  ? Model::Master::InOptimizer
                                  : Model::Master::InModel,
-                             ContextRing{split, &comms.world_for_model(), grid.cp_group(rank)})),
+                             ContextRing{split, &comms.ring_for_model(), grid.cp_group(rank)})),
       model(*owned_model),
       executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,

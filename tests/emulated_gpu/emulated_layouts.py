@@ -188,19 +188,20 @@ def check_llama(work, failures):
 
 
 def stream_wait_sites():
-    """Every cross-stream wait in lib/: the sites of NcclContext::stream_wait."""
+    """Every cross-stream wait in lib/: the sites of NcclContext::stream_wait, whose
+    names all read "<consumer>-after-<producer>" (some are handed to it as arguments)."""
     lib = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib")
     sites = set()
     for root, _, files in os.walk(lib):
         for name in files:
             if name.endswith((".cpp", ".hpp")):
                 with open(os.path.join(root, name)) as f:
-                    sites.update(re.findall(r'stream_wait\("([^"]+)"', f.read()))
+                    sites.update(re.findall(r'"([a-z]+(?:-[a-z]+)*-after-[a-z]+(?:-[a-z]+)*)"', f.read()))
     return sorted(sites)
 
 
 # The layout that runs each cross-stream wait (dp2 unless named here).
-SITE_LAYOUTS = {}
+SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2"}
 
 
 def check_dropped_waits(work, failures):
