@@ -23,13 +23,14 @@ RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int 
       W_(C + 2 * (C / NH) * NKV),
       len_(ring_.split.piece_len()),
       dt_(ops.compute_dtype()),
-      block_bytes_(buffer_bytes(B, ring_.split.local_len(), W_, dt_) / 4),
+      block_bytes_(buffer_bytes(B, ring_.split.local_len(), W_, dt_) / kBuffers),
       piece_state_bytes_(ops::attention_state_bytes(true, dt_, B, len_, NH)) {
   PPTRAIN_CHECK(ring_.world && int(ring_.ranks.size()) == ring_.split.cp &&
                     ring_.split.pieces() == 2,
                 "ring attention needs cp > 1 ranks and the world to reach them");
   for (auto* set : {blocks_, grads_})
     for (int i = 0; i < 2; ++i) set[i] = ops::Buffer(ops, block_bytes_, "a ring attention block");
+  arriving_ = ops::Buffer(ops, block_bytes_, "a ring attention block");
 }
 
 int RingAttention::next() const { return ring_.ranks[std::size_t((ring_.split.rank + 1) % ring_.split.cp)]; }
@@ -94,36 +95,42 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
                              const ops::Act* out, const void* state) {
   const int cp = ring_.split.cp, r = ring_.split.rank;
   ops_.fill_zero(dqkv, block_bytes_);
-  ops_.fill_zero(grads_[0].get(), block_bytes_);
   const ops::Act* held = qkv;
-  ops::Act* held_grad = grads_[0].act();  // the key/value gradient of `held` so far
+  // The gradient of the held block that earlier ranks added to arrives while this rank
+  // works out its own part (grads_[s % 2], zeroed), is added at the step's end, and the
+  // sum travels on with the block.
+  std::unique_ptr<comm::PendingOp> grad_pass;
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
+    ops::Act* mine = grads_[s % 2].act();
+    ops_.fill_zero(mine, block_bytes_);
     std::unique_ptr<comm::PendingOp> block_pass = pass_on(held, s);
     for (int p = 0; p < 2; ++p) {
       for (int k = 0; k < 2; ++k)
-        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(held_grad, k, W_),
+        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(mine, k, W_),
                                           rows(dout, p, C_), rows(out, p, C_),
                                           state_of(state, p), piece(qkv, p, r),
                                           piece(held, k, owner), B_, C_, NH_, NKV_);
       progress(block_pass.get());
+      progress(grad_pass.get());
     }
-    // The gradient follows its block; after the last step it reaches the block's owner,
-    // and this rank receives its own.
-    ops::Buffer& arriving = grads_[(s + 1) % 2];
-    ring_.world->exchange({{comm::Transfer::Send, next(), held_grad, block_bytes_, kGradTag},
-                           {comm::Transfer::Recv, previous(), arriving.get(), block_bytes_,
-                            kGradTag}});
+    if (grad_pass) {
+      grad_pass->wait_in_queue();
+      ops_.add(mine, mine, arriving_.act(), block_bytes_ / dtype_size(dt_));
+    }
+    // After the last step the gradient reaches the block's owner: this rank gets its own.
+    grad_pass = ring_.world->exchange_start(
+        {{comm::Transfer::Send, next(), mine, block_bytes_, kGradTag},
+         {comm::Transfer::Recv, previous(), arriving_.get(), block_bytes_, kGradTag}});
     if (block_pass) {
       block_pass->wait_in_queue();
       held = blocks_[s % 2].act();
     }
-    held_grad = arriving.act();
   }
+  grad_pass->wait_in_queue();
   // The q parts of dqkv hold this rank's query gradients; the key/value parts are zero
   // there and in the q parts of the returned gradient.
-  const std::size_t n = block_bytes_ / dtype_size(dt_);
-  ops_.add(dqkv, dqkv, held_grad, n);
+  ops_.add(dqkv, dqkv, arriving_.act(), block_bytes_ / dtype_size(dt_));
 }
 
 }  // namespace pptrain

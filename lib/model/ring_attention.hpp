@@ -4,7 +4,9 @@
 // with the blocked attention's steps (online softmax, merged by log-sum-exp); the next
 // block is already on its way meanwhile (a nonblocking exchange). The backward sends
 // each block round again with its key/value gradient, which every rank adds to; after
-// cp steps the gradient of a block reaches its owner.
+// cp steps the gradient of a block reaches its owner. The gradient travels while the
+// next rank works out its own part of it, so neither transfer waits for the other's
+// compute. On a device the exchanges run on a stream of their own (Comms::ring_for_model).
 #pragma once
 #include <memory>
 #include <vector>
@@ -37,10 +39,12 @@ class RingAttention {
   void backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv, const ops::Act* out,
                 const void* state);
 
-  // Bytes of the buffers a ring holds: two arriving blocks and two travelling gradients
-  // of B sequences' `rows` rows of q|k|v (`width` each).
+  // Bytes of the buffers a ring holds, each of B sequences' `rows` rows of q|k|v
+  // (`width` each): two arriving blocks, this rank's part of the held block's gradient
+  // and of the previous one's (still leaving), and the arriving gradient.
+  static constexpr int kBuffers = 5;
   static std::size_t buffer_bytes(int B, int rows, int width, DType dtype) {
-    return 4 * std::size_t(B) * std::size_t(rows) * std::size_t(width) * dtype_size(dtype);
+    return kBuffers * std::size_t(B) * std::size_t(rows) * std::size_t(width) * dtype_size(dtype);
   }
 
  private:
@@ -61,7 +65,7 @@ class RingAttention {
   int B_, C_, NH_, NKV_, W_, len_;
   DType dt_;
   std::size_t block_bytes_, piece_state_bytes_;
-  ops::Buffer blocks_[2], grads_[2];
+  ops::Buffer blocks_[2], grads_[2], arriving_;
 };
 
 }  // namespace pptrain

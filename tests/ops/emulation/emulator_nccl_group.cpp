@@ -17,7 +17,9 @@ namespace pptrain_emu::nccl_emu {
 
 namespace {
 
-// The operations of one group (or one call), run by an item on each of its streams.
+// The operations of one group (or one call), run by an item on each of its streams
+// (enqueue_together). Each operation's memory is noted by the item of the stream it was
+// issued on, for the race detector.
 class Batch {
  public:
   // ops[i] was issued on stream number stream_of[i].
@@ -105,8 +107,9 @@ void queue(const std::vector<cudaStream_t>& on, std::vector<std::unique_ptr<Op>>
            (streams.size() > 1 ? " on " + std::to_string(streams.size()) + " streams" : "");
   auto batch = std::make_shared<Batch>(std::move(ops), std::move(stream_of), streams.size());
   if (stream_schedule() == "sync") batch->all_arrived();
-  for (std::size_t k = 0; k < streams.size(); ++k)
-    enqueue(streams[k], what, [batch, k] { return batch->run(k); });
+  enqueue_together(streams, what, [&batch](std::size_t k) -> Work {
+    return [batch, k] { return batch->run(k); };
+  });
 }
 
 }  // namespace

@@ -292,6 +292,29 @@ void enqueue(Stream* s, std::string what, Work work) {
   sched::submit(held, q, std::move(what), std::move(work));
 }
 
+void enqueue_together(const std::vector<Stream*>& streams, const std::string& what,
+                      const std::function<Work(std::size_t)>& work_of) {
+  auto held = sched::lock();
+  std::vector<std::shared_ptr<sched::Queue>> queues;
+  for (Stream* s : streams) {
+    auto q = sched::queue_of(s);
+    if (!q) throw std::invalid_argument("emulated CUDA: " + what + " queued on an invalid stream");
+    queues.push_back(std::move(q));
+  }
+  std::vector<sched::Mark> ends;
+  for (const auto& q : queues) ends.push_back(sched::end_of(q));
+  races::Clock joined;
+  for (std::size_t k = 0; k < queues.size(); ++k) {
+    std::vector<sched::Mark> after;
+    for (std::size_t j = 0; j < queues.size(); ++j)
+      if (j != k && ends[j].queue) after.push_back(ends[j]);
+    joined.join(*sched::submit(held, queues[k], what, work_of(k), std::move(after)).clock);
+  }
+  // They complete together: what follows on any of the streams follows all of them.
+  const auto after_all = std::make_shared<const races::Clock>(joined);
+  for (const auto& q : queues) q->last_clock = after_all;
+}
+
 void set_stream_schedule(const std::string& setting) {
   auto held = sched::lock();
   sched::configure(sched::state(), setting);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "emulator_runtime.hpp"
 
@@ -21,6 +22,12 @@ using Work = std::function<bool()>;
 // Queues `work` on stream s (null: the legacy default stream). `what` names the item in
 // error messages ("kernel gelu_forward", "ncclAllReduce on comm 2", ...).
 void enqueue(Stream* s, std::string what, Work work);
+
+// One item on each of `streams` (distinct), as NCCL queues a group on several streams:
+// each starts once every one of the streams has reached it (its work from work_of(k)),
+// and the work after it on any of them comes after all of them.
+void enqueue_together(const std::vector<Stream*>& streams, const std::string& what,
+                      const std::function<Work(std::size_t)>& work_of);
 
 // The device (cudaSetDevice's ordinal) of the allocation that holds all of
 // [p, p + bytes), or -1 when the range is not inside one live device allocation.
