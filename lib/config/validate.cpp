@@ -130,7 +130,8 @@ void validate_context_parallel(const Config& c, const Rules& r) {
                           "load balancing (got seq_len=" + std::to_string(c.model.seq_len) +
                               ", cp=" + cp + ")");
   if (p.layout == LayoutChoice::Auto)
-    r.fail("parallel.cp", cp + " is not yet chosen with parallel.layout: auto (give the layout)");
+    r.fail("parallel.cp", cp + " with parallel.layout: auto: give the whole layout, or leave "
+                          "cp to the choice (it considers cp on CPU ranks from seq_len 8192)");
 }
 
 // Cross-section rules of the parallel layout against the model. Under parallel.layout:

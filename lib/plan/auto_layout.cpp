@@ -26,6 +26,7 @@ std::string preset_for(const std::string& model, double memory_gib) {
 std::vector<std::string> layout_sets(const Config& c) {
   const ParallelConfig& p = c.parallel;
   return {"parallel.tp=" + std::to_string(p.tp),
+          "parallel.cp=" + std::to_string(p.cp),
           "parallel.pp=" + std::to_string(p.pp),
           "parallel.dp=" + std::to_string(p.dp),
           "parallel.schedule=" + std::string(name_of(p.schedule)),
@@ -44,7 +45,7 @@ bool keeps_given(const Config& c, const PlanRow& r) {
   if (given("parallel.tp") && r.tp != p.tp) return false;
   if (given("parallel.pp") && r.pp != p.pp) return false;
   if (given("parallel.dp") && r.dp != p.dp) return false;
-  if (r.cp != p.cp) return false;  // a run's layout keeps its cp (not chosen at start yet)
+  if (given("parallel.cp") && r.cp != p.cp) return false;
   if (given("parallel.virtual_stages") && r.virtual_stages != p.virtual_stages) return false;
   if (given("parallel.schedule") && r.schedule != p.schedule) return false;
   if (given("parallel.sequence_parallel") && r.sequence_parallel != p.sequence_parallel) return false;

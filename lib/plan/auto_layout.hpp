@@ -27,9 +27,10 @@ struct AutoLayout {
 };
 
 // The fastest layout that fits `machine`, for the config's model and global batch
-// (dp * micro_batches * micro_batch_size sequences, as written): tp, pp, dp, the
-// schedule and its virtual stages, the micro-batch size, recomputation, SP and ZeRO-1.
-// Each of parallel.tp, pp, dp, virtual_stages, schedule, sequence_parallel, zero and
+// (dp * micro_batches * micro_batch_size sequences, as written): tp, cp (where the
+// planner considers it: CPU ranks, seq_len >= 8192), pp, dp, the schedule and its
+// virtual stages, the micro-batch size, recomputation, SP and ZeRO-1. Each of
+// parallel.tp, cp, pp, dp, virtual_stages, schedule, sequence_parallel, zero and
 // train.recompute that the config gives is kept, and so is the number of stages that a
 // layers_per_stage list implies. InputError when no layout fits, naming the least memory
 // one needs.

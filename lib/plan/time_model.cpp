@@ -76,11 +76,17 @@ double attention_forward(const Shape& s) {
 }
 
 // Its backward: twice the forward's work; with context parallelism each of the cp steps
-// then sends the block's key/value gradient on, exposed (the next block's transfer runs
-// beside the step's attention).
+// waits for the larger of its attention and what travels beside it on the same link
+// (RingAttention::backward): the next block (not after the last step) and the held
+// block's gradient (not at the first); the last gradient, to its owner, is exposed.
 double attention_backward(const Shape& s) {
-  if (s.cp == 1) return 2 * attention_block(s);
-  return s.cp * (2 * attention_block(s) + ring_block_seconds(s));
+  const double work = 2 * attention_block(s);
+  if (s.cp == 1) return work;
+  const double hop = ring_block_seconds(s);
+  double total = hop;  // the own block's gradient, after the last step
+  for (int step = 0; step < s.cp; ++step)
+    total += std::max(work, ((step + 1 < s.cp) + (step > 0)) * hop);
+  return total;
 }
 
 // The tensor-parallel collectives of one pass: `count` sums of [N, C] (all-reduces, or
