@@ -69,6 +69,9 @@ LAYOUTS = {
     # Context parallelism: the ring's steps (ring_attention.cu) and its exchanges on NCCL.
     "cp2": (1, 1, 1, 4, ["parallel.cp=2"]),
     "tp2_cp2_pp2": (2, 2, 1, 4, ["parallel.cp=2"]),
+    # The ring's stream and the ZeRO-1 buckets' stream beside compute at once.
+    "cp2_dp2_zero1_buckets": (1, 1, 2, 2, ["parallel.cp=2", "parallel.zero=1",
+                                           "parallel.grad_bucket_mib=0.02"]),
 }
 PRECISIONS = {"fp32": 1e-5, "bf16": 2e-2}
 # Fused attention is a bf16 kernel on CUDA: one layout with it.
