@@ -196,7 +196,7 @@ Op::~Op() {
 }
 
 void Op::note_touches() const {
-  for (const Touch& t : touched_) races::note(t.p, t.bytes, t.writes);
+  for (const Touch& t : touched_) races::note(t.p, t.bytes, t.writes, what_.c_str());
 }
 
 void Op::post() {

@@ -78,6 +78,7 @@ struct Touched {
   const char* base;
   std::size_t bytes;
   std::vector<std::unique_ptr<Page>> read, written;  // by page; null: untouched
+  std::string by;  // the part of the item that touched it first, when named
 };
 
 struct Tracker {
@@ -117,7 +118,7 @@ Touched* find_touched(Tracker& tracker, const char* at) {
   for (std::size_t i = 0; i < tracker.touched.size(); ++i)
     if (tracker.touched[i].base == it->first) return &tracker.touched[i];
   const std::size_t pages = (it->second + kPageBytes - 1) / kPageBytes;
-  tracker.touched.push_back({it->first, it->second, {}, {}});
+  tracker.touched.push_back({it->first, it->second, {}, {}, {}});
   tracker.touched.back().read.resize(pages), tracker.touched.back().written.resize(pages);
   return &tracker.touched.back();
 }
@@ -238,13 +239,14 @@ void abandon_run() {
   active = nullptr;
 }
 
-void note(const void* p, std::size_t bytes, bool write) {
+void note(const void* p, std::size_t bytes, bool write, const char* by) {
   Tracker* const tracker = active;
   if (tracker == nullptr || bytes == 0) return;
   const char* at = static_cast<const char*>(p);
   Touched* t = at >= tracker->hit_lo && at < tracker->hit_hi ? tracker->hit : nullptr;
   if (t == nullptr && (t = find_touched(*tracker, at)) == nullptr) return;
   tracker->hit = t, tracker->hit_lo = t->base, tracker->hit_hi = t->base + t->bytes;
+  if (by != nullptr && t->by.empty()) t->by = by;
   const std::size_t begin = std::size_t(at - t->base);
   const std::size_t end = std::min(t->bytes, begin + bytes);
   mark(write ? t->written : t->read, begin, end);
@@ -258,7 +260,9 @@ void finish_run() {
   Shared& s = shared();
   std::string race;
   for (const Touched& t : tracker.touched) {
-    Record mine{item.epoch, item.what, item.queue, spans_of(t.read), spans_of(t.written)};
+    const bool named = !t.by.empty() && t.by != item.what;
+    Record mine{item.epoch, named ? item.what + ": " + t.by : item.what, item.queue,
+                spans_of(t.read), spans_of(t.written)};
     std::lock_guard<std::mutex> lock(s.mutex);
     auto& kept = s.records[t.base];
     race = first_race(mine, *item.clock, kept, t.base, t.bytes);

@@ -60,8 +60,9 @@ void finish_run();
 void abandon_run();  // the item threw: its accesses are dropped
 
 // An access by the running item (none: ignored) to [p, p + bytes); ranges outside the
-// device allocations are host memory and ignored.
-void note(const void* p, std::size_t bytes, bool write);
+// device allocations are host memory and ignored. `by`, if set, names the part of the
+// item that made it (an operation of an NCCL group), for the report.
+void note(const void* p, std::size_t bytes, bool write, const char* by = nullptr);
 
 // Drops what no item can race with any more: records of items that happen before the
 // host's clock and before every pending item (`pending`: the clocks of the queues'
