@@ -82,13 +82,14 @@ class NcclWorld final : public World {
     PPTRAIN_CHECK(t.kind == Transfer::Send || t.kind == Transfer::Recv, "exchange: bad kind");
     PPTRAIN_CHECK(t.peer >= 0 && t.peer < size_,
                   "exchange: peer " + std::to_string(t.peer) + " is not a world rank");
-    PPTRAIN_CHECK(std::find(members_.begin(), members_.end(), t.peer) != members_.end(),
+    PPTRAIN_CHECK(comm_rank(t.peer) < int(members_.size()),
                   "exchange: world rank " + std::to_string(t.peer) +
                       " is not in this communicator");
     PPTRAIN_CHECK(t.tag >= 0, "exchange: tag " + std::to_string(t.tag) + " is negative");
     PPTRAIN_CHECK(t.data != nullptr || t.bytes == 0, "exchange: null buffer");
   }
 
+  // The communicator rank of a world rank; members_.size() when it is not a member.
   int comm_rank(int world_rank) const {
     return int(std::find(members_.begin(), members_.end(), world_rank) - members_.begin());
   }

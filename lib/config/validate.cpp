@@ -131,7 +131,7 @@ void validate_context_parallel(const Config& c, const Rules& r) {
                               ", cp=" + cp + ")");
   if (p.layout == LayoutChoice::Auto)
     r.fail("parallel.cp", cp + " with parallel.layout: auto: give the whole layout, or leave "
-                          "cp to the choice (it considers cp on CPU ranks from seq_len 8192)");
+                          "cp to the choice (it considers cp where pptrain plan does)");
 }
 
 // Cross-section rules of the parallel layout against the model. Under parallel.layout:

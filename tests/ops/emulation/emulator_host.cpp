@@ -58,15 +58,17 @@ const char* error_string(cudaError_t e) {
   return "unknown error";
 }
 
+// What an allocation of `bytes` takes: whole 256-byte granules.
+static std::size_t rounded(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 cudaError_t device_malloc(void** p, std::size_t bytes) {
   if (p == nullptr) return cudaErrorInvalidValue;
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
-  const std::size_t rounded = (bytes + 255) / 256 * 256;
-  void* mem = std::aligned_alloc(256, rounded);
+  void* mem = std::aligned_alloc(256, rounded(bytes));
   if (mem == nullptr) return cudaErrorMemoryAllocation;
-  std::memset(mem, 0xFF, rounded);  // NaN poison, as shared memory: never zeroed for free
-  races::mark_device_memory(mem, rounded, true);
+  std::memset(mem, 0xFF, rounded(bytes));  // NaN poison, as shared memory: never zeroed for free
+  races::mark_device_memory(mem, rounded(bytes), true);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const int device = current_device();
@@ -99,7 +101,7 @@ cudaError_t device_free(void* p) {
     ++r.version;
   }
   races::forget(p);
-  races::mark_device_memory(p, (bytes + 255) / 256 * 256, false);
+  races::mark_device_memory(p, rounded(bytes), false);
   std::free(p);
   return cudaSuccess;
 }
