@@ -95,6 +95,17 @@ struct Transfer {
   void* data;
   std::size_t bytes;
   int tag;
+  // Where transfers travel on channels (the pipeline's NCCL world): which of the
+  // channels from the sender to the receiver. A channel's transfers match in issue
+  // order; different channels' are independent. Host worlds match by tag and ignore it.
+  int channel = 0;
+};
+
+// A channel of the pipeline's messages: world rank `from` sends to world rank `to`
+// the transfers whose Transfer::channel is `channel`.
+struct PipelineChannel {
+  int from, to, channel;
+  bool operator==(const PipelineChannel&) const = default;
 };
 
 // "send to P tag T" / "recv from P tag T", for messages about a transfer.
@@ -146,6 +157,9 @@ struct DeviceComms {
   // The context-parallel ring's exchanges (peers by world rank, within this rank's cp
   // group), on a stream of their own beside the compute stream; null when cp is 1.
   std::unique_ptr<World> ring;
+  // The pipeline's messages on channels (PipelineChannel), each a communicator and a
+  // stream of its own; null when the run's messages go through `world`.
+  std::unique_ptr<World> pipeline;
 };
 
 // Every communicator of the run, created once at start-up on every rank in the same
@@ -167,6 +181,10 @@ struct Comms {
   // Where ring attention sends its blocks (model/ring_attention.hpp).
   World& ring_for_model() const {
     return device && device->ring ? *device->ring : world_for_model();
+  }
+  // Where the pipeline's messages travel (pipeline/executor.hpp).
+  World& pipeline_for_model() const {
+    return device && device->pipeline ? *device->pipeline : world_for_model();
   }
   Group* tp_for_model() const { return device ? device->tp.get() : tp.get(); }
   Group* dp_for_model() const { return device ? device->dp.get() : dp.get(); }

@@ -1,8 +1,8 @@
 // add_nccl_comms: the NCCL communicators of the rank grid, created at start-up on every
-// rank in one fixed order (world, tp, dp, pp, embedding, cp ring), each bootstrapped over the host
-// world (its rank 0 makes the ncclUniqueId and sends it to the other members).
+// rank in one fixed order (world, tp, dp, pp, embedding, cp ring, pipeline channels),
+// each bootstrapped over the host world (its rank 0 makes the ncclUniqueId and sends it
+// to the other members).
 #include "comm/nccl_comm.hpp"
-
 
 #include "comm/nccl_impl.hpp"
 #include "core/error.hpp"
@@ -12,6 +12,9 @@ namespace pptrain::comm {
 bool nccl_built() { return true; }
 
 namespace {
+
+// Start-up tags 0-5 bootstrap the grid's communicators; the channels' follow.
+constexpr int kFirstChannelTag = 16;
 
 // The NCCL twin of a host group: same name and members, which must be the grid's.
 std::unique_ptr<Group> twin(const std::shared_ptr<detail::NcclContext>& ctx, const Group& host,
@@ -25,7 +28,8 @@ std::unique_ptr<Group> twin(const std::shared_ptr<detail::NcclContext>& ctx, con
 }  // namespace
 
 void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
-                    HostWaitCounter* host_waits) {
+                    HostWaitCounter* host_waits,
+                    const std::vector<PipelineChannel>& pipeline_channels) {
   PPTRAIN_CHECK(comms.world && comms.tp && comms.dp && comms.pp,
                 "add_nccl_comms: the host communicators must exist first");
   PPTRAIN_CHECK(!comms.device, "add_nccl_comms: comms already has device communicators");
@@ -53,6 +57,22 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
     device->ring = detail::make_nccl_world(ctx, ctx->add_comm(ring, "cp ring", 5), size, ring,
                                            ctx->new_stream(info));
   }
+  // The channels last, each with its own tag, in the list's order: every rank creates
+  // those it is in in the same global order, so no creation waits on a later one.
+  std::vector<detail::ChannelLane> lanes;
+  for (std::size_t i = 0; i < pipeline_channels.size(); ++i) {
+    const PipelineChannel& c = pipeline_channels[i];
+    if (c.from != rank && c.to != rank) continue;
+    const std::vector<int> pair{c.from, c.to};
+    const std::string name = "pipeline " + std::to_string(c.from) + "->" + std::to_string(c.to) +
+                             " channel " + std::to_string(c.channel);
+    const detail::NcclOpInfo info{"start-up", name, {detail::join_ranks(pair), pair}};
+    ncclComm_t comm = ctx->add_comm(pair, name, kFirstChannelTag + int(i));
+    lanes.push_back({c.from == rank ? c.to : c.from, c.from == rank, c.channel, comm,
+                     ctx->new_stream(info)});
+  }
+  if (!pipeline_channels.empty())
+    device->pipeline = detail::make_nccl_channel_world(ctx, size, std::move(lanes));
   comms.device = std::move(device);
 }
 

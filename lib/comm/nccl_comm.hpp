@@ -3,6 +3,7 @@
 // MPI communicator. Built only with the CUDA backend (nccl_*.cpp).
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "comm/comm.hpp"
 #include "core/host_waits.hpp"
@@ -21,9 +22,13 @@ bool nccl_built();
 // waits and from World::check_progress; an operation that fails, or is not complete
 // comms.timeout_s seconds after it was queued, aborts the communicators (ncclCommAbort)
 // and ends the job with kExitRunFailure, naming rank, group and operation. Every host
-// wait on the device counts in `host_waits` (when given). Collective over the world.
+// wait on the device counts in `host_waits` (when given). `pipeline_channels`, the
+// same list on every rank, gives the pipeline's messages channels of their own
+// (DeviceComms::pipeline: a two-rank communicator and a stream each); empty, they go
+// through DeviceComms::world on the compute stream. Collective over the world.
 // Throws std::runtime_error when NCCL is not built.
 void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
-                    HostWaitCounter* host_waits = nullptr);
+                    HostWaitCounter* host_waits = nullptr,
+                    const std::vector<PipelineChannel>& pipeline_channels = {});
 
 }  // namespace pptrain::comm

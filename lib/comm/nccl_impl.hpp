@@ -136,4 +136,19 @@ std::unique_ptr<World> make_nccl_world(std::shared_ptr<NcclContext> ctx, ncclCom
                                        int size, std::vector<int> members,
                                        cudaStream_t own_stream = nullptr);
 
+// One channel of the pipeline's messages as this rank sees it: the world rank at its
+// other end, whether this rank sends on it, its number, its two-rank communicator
+// (sender rank 0, receiver rank 1) and this rank's stream for it.
+struct ChannelLane {
+  int peer;
+  bool send;
+  int channel;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+// Point-to-point on channels (nccl_channels.cpp): a transfer goes on the lane of its
+// peer, direction and Transfer::channel.
+std::unique_ptr<World> make_nccl_channel_world(std::shared_ptr<NcclContext> ctx, int size,
+                                               std::vector<ChannelLane> lanes);
+
 }  // namespace pptrain::comm::detail

@@ -15,7 +15,7 @@
 namespace pptrain {
 
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
-enum class MessageModeChoice { Auto, Grouped, AsyncSends };
+enum class MessageModeChoice { Auto, Grouped, AsyncSends, Channels };
 enum class Precision { Auto, BF16, FP32 };
 enum class Attention { Auto, Unfused, Fused };
 enum class Recompute { None, Selective, Full };
@@ -36,7 +36,7 @@ struct ChoiceNames<ScheduleKind> {
 };
 template <>
 struct ChoiceNames<MessageModeChoice> {
-  static constexpr std::string_view names[] = {"auto", "grouped", "async-sends"};
+  static constexpr std::string_view names[] = {"auto", "grouped", "async-sends", "channels"};
 };
 template <>
 struct ChoiceNames<Precision> {

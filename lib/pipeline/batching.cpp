@@ -127,7 +127,7 @@ std::vector<std::vector<Step>> batch_messages(const std::vector<std::vector<Acti
   if (int(lists.size()) != pp)
     throw std::invalid_argument("batch_messages: got " + std::to_string(lists.size()) +
                                 " lists for pp = " + std::to_string(pp));
-  if (mode == MessageMode::AsyncSends) return in_list_order(lists, placement);
+  if (sends_in_background(mode)) return in_list_order(lists, placement);
   const NominalClock clock(lists, placement);
   std::vector<std::vector<Step>> out(static_cast<size_t>(pp));
   for (int s = 0; s < pp; ++s) {

@@ -38,6 +38,23 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
   return part;
 }
 
+std::vector<comm::PipelineChannel> pipeline_channels(const Placement& placement,
+                                                     const std::vector<std::vector<int>>& pipelines) {
+  std::vector<comm::PipelineChannel> out;
+  for (const std::vector<int>& ranks : pipelines)
+    for (int s = 0; s < placement.pp(); ++s)
+      for (int c = 0; c < placement.chunks(); ++c) {
+        if (placement.is_last(s, c)) continue;
+        const int next = message_peer(placement, s, {Op::SendForward, 0, c}).stage;
+        if (next == s) continue;  // a local copy
+        for (const comm::PipelineChannel& ch :
+             {comm::PipelineChannel{ranks[size_t(s)], ranks[size_t(next)], 0},
+              comm::PipelineChannel{ranks[size_t(next)], ranks[size_t(s)], 1}})
+          if (std::find(out.begin(), out.end(), ch) == out.end()) out.push_back(ch);
+      }
+  return out;
+}
+
 PipelineExecutor::PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
                                    ScheduleKind kind, int stage, int micro_batches,
                                    int virtual_stages, MessageMode mode,
@@ -47,7 +64,7 @@ PipelineExecutor::PipelineExecutor(StageModel& model, comm::World& world, std::v
                        build_all_steps(kind, int(pp_ranks.size()), micro_batches, virtual_stages,
                                        mode, planned),
                        stage, micro_batches, {}) {
-  if (mode == MessageMode::AsyncSends)
+  if (sends_in_background(mode))
     reusable_ = sends_waitable_from(all_steps_, placement_)[size_t(stage)];
 }
 
@@ -123,19 +140,20 @@ comm::Transfer PipelineExecutor::transfer(const Action& a) {
   auto part = [offset = offset](ops::Act* boundary) {
     return static_cast<std::byte*>(static_cast<void*>(boundary)) + offset;
   };
+  // The channel is the message's kind: activations 0, gradients 1 (MessageMode::Channels).
   switch (a.op) {
     case Op::RecvForward:
       return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, a.chunk, false)};
+              tag(a.microbatch, a.chunk, false), 0};
     case Op::RecvBackward:
       return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, a.chunk, true)};
+              tag(a.microbatch, a.chunk, true), 1};
     case Op::SendForward:
       return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, peer.chunk, false)};
+              tag(a.microbatch, peer.chunk, false), 0};
     case Op::SendBackward:
       return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, peer.chunk, true)};
+              tag(a.microbatch, peer.chunk, true), 1};
     default:
       throw std::logic_error("transfer: not a send or receive");
   }
@@ -355,14 +373,15 @@ void PipelineExecutor::reuse_drained(int chunk) {
     if (sent) break;
   }
   if (due == draining_.end()) return;
-  for (auto& op : due->sends) op->wait();  // cannot deadlock from this step on
+  // Cannot deadlock from this step on. On a device the compute stream waits, not the host.
+  for (auto& op : due->sends) op->wait_in_queue();
   to_pool(due->chunk, std::move(due->acts));
   draining_.erase(due);
 }
 
 void PipelineExecutor::drain() {
   for (Draining& d : draining_) {
-    for (auto& op : d.sends) op->wait();
+    for (auto& op : d.sends) op->wait_in_queue();
     to_pool(d.chunk, std::move(d.acts));
   }
   draining_.clear();

@@ -32,6 +32,13 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
                                   int tp_size, int tp_rank,
                                   const std::vector<int>& layers_per_stage = {});
 
+// Every channel the executor's messages travel on (MessageMode::Channels), for the
+// pipelines `pipelines` (world ranks by stage, each): from each stage to the stage of
+// the next virtual stage, channel 0, activations; back, channel 1, gradients. In one
+// order on every rank.
+std::vector<comm::PipelineChannel> pipeline_channels(const Placement& placement,
+                                                     const std::vector<std::vector<int>>& pipelines);
+
 // Times of one step's schedule, from the backend's marks (ops::Ops::mark): device time
 // on CUDA, host time on the CPU.
 struct PipelineStats {
@@ -50,14 +57,15 @@ class PipelineExecutor {
   // Called after each action with its timing (for traces).
   using ActionFn = std::function<void(const Action&, Clock::time_point, Clock::time_point)>;
 
-  // `pp_ranks`: world ranks of this pipeline, by stage. `mode`: Grouped where sends hold
-  // their stream until received (NCCL), AsyncSends where they complete in the
-  // background (MPI).
+  // `pp_ranks`: world ranks of this pipeline, by stage. `mode`: Grouped where a batch
+  // holds the compute stream until it completes (NCCL on one stream), AsyncSends or
+  // Channels where sends complete in the background (MPI; NCCL channels).
   PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
                    ScheduleKind kind, int stage, int micro_batches, int virtual_stages,
                    MessageMode mode, const StageCosts& planned = {});
   // The same with the steps built (this stage's in steps[stage]; the others may be
-  // empty) and, for AsyncSends steps, this stage's sends_waitable_from (else empty).
+  // empty) and, for steps whose sends complete in the background, this stage's
+  // sends_waitable_from (else empty).
   PipelineExecutor(StageModel& model, comm::World& world, std::vector<int> pp_ranks,
                    const Placement& placement, std::vector<std::vector<Step>> steps, int stage,
                    int micro_batches, std::vector<std::size_t> reusable);
@@ -116,9 +124,10 @@ class PipelineExecutor {
   int pp_, stage_, m_, v_;
   std::map<Key, std::unique_ptr<StageModel::Set>> live_;
   std::set<Key> weight_done_, gradient_sent_;  // a set is released once both hold
-  // AsyncSends: the step from which the plan reuses a set whose sends were posted in each
-  // step (sends_waitable_from), the step being run, the sends of each live set and the
-  // step from which it is reused, and the released sets waiting for that step.
+  // Sends in the background: the step from which the plan reuses a set whose sends were
+  // posted in each step (sends_waitable_from), the step being run, the sends of each
+  // live set and the step from which it is reused, and the released sets waiting for
+  // that step.
   std::vector<std::size_t> reusable_;
   std::size_t step_ = 0;
   std::map<Key, std::vector<std::unique_ptr<comm::PendingOp>>> sends_;

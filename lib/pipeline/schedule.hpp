@@ -71,20 +71,25 @@ struct StageCosts {
   double forward = 1, backward_input = 1, backward_weight = 1, p2p = 0;
 };
 
-// How a rank's messages travel. Both are proven by the simulator under unbuffered
+// How a rank's messages travel. Each is proven by the simulator under unbuffered
 // point-to-point semantics (a send completes only once its receive is posted).
 //   Grouped: batches of sends and receives that are posted together and complete
-//            together (one NCCL group, NCCL's p2p on the compute stream). Messages
-//            between two ranks match in issue order.
+//            together (one NCCL group on the compute stream). Messages between two
+//            ranks match in issue order.
 //   AsyncSends: each send is posted right after the compute that produced it and
-//            completes in the background (MPI_Isend; waited for by the end of the step);
-//            the host waits only in receives, posted just before the compute that needs
-//            them. Messages match by name (MPI tags).
-enum class MessageMode { Grouped, AsyncSends };
+//            completes in the background (MPI_Isend; waited for when its set is reused
+//            and by the end of the step); the rank waits only in receives, posted just
+//            before the compute that needs them. Messages match by name (MPI tags).
+//   Channels: AsyncSends' steps on NCCL. Every (sender, receiver, kind) of message is a
+//            channel of its own (a two-rank communicator and a stream on each side);
+//            a channel's messages match, and complete, in issue order.
+enum class MessageMode { Grouped, AsyncSends, Channels };
+// Whether sends are left to complete in the background (AsyncSends, Channels).
+inline bool sends_in_background(MessageMode mode) { return mode != MessageMode::Grouped; }
 
 // One step of a rank's schedule, run as a unit: a single compute action, a single local
 // copy, a batch of messages that the rank waits for (all of them in Grouped mode; only
-// receives in AsyncSends mode), or sends posted without waiting (AsyncSends mode).
+// receives otherwise), or sends posted without waiting (AsyncSends and Channels).
 struct Step {
   enum Kind { Compute, LocalCopy, Messages, PostSends } kind;
   std::vector<Action> actions;  // exactly one for Compute and LocalCopy
@@ -100,7 +105,7 @@ struct Step {
 // them. Both ends of a message are in the same round, so whatever the real timing, no
 // stage can wait on a later round of another: every round completes. Within a batch the
 // messages are sorted the same way on both sides, so per-peer issue orders agree.
-// AsyncSends: the list's own order; consecutive sends become one PostSends step and
+// AsyncSends and Channels: the list's own order; consecutive sends become one PostSends step and
 // consecutive receives one Messages step. Only receives wait, so the lists complete
 // whenever they would with buffered messages.
 // Either way a local send becomes a LocalCopy step right after its compute.

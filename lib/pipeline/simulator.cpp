@@ -132,10 +132,17 @@ class Simulation {
     return {peer.stage, {a.microbatch, receiver_chunk, kind}};
   }
 
-  // Pairs every send with its receive by issue order per (sender, receiver), as NCCL
-  // does, and rejects lists whose two sides disagree.
+  // (sender, receiver, kind): messages match in issue order within a channel. Grouped
+  // and AsyncSends have one channel a pair of stages (kind -1); Channels one a kind.
+  using Channel = std::tuple<int, int, int>;
+  Channel channel_of(int from, int to, const Message& m) const {
+    return {from, to, mode_ == MessageMode::Channels ? int(m.kind) : -1};
+  }
+
+  // Pairs every send with its receive by issue order per channel, as NCCL does, and
+  // rejects lists whose two sides disagree; AsyncSends pairs by name, as MPI's tags do.
   void match_messages() {
-    std::map<std::pair<int, int>, std::vector<std::pair<Slot, Message>>> sends, receives;
+    std::map<Channel, std::vector<std::pair<Slot, Message>>> sends, receives;
     for (int s = 0; s < pp_; ++s) {
       const auto& list = steps_[size_t(s)];
       for (size_t i = 0; i < list.size(); ++i) {
@@ -158,8 +165,8 @@ class Simulation {
                                       "stage is a local copy, with no receive)");
           if (step.kind == Step::PostSends && !is_send(a.op))
             fail(s, i, to_string(a) + ": only sends can be posted without waiting");
-          if (is_send(a.op)) sends[{s, peer}].push_back({{s, i, j}, msg});
-          else receives[{peer, s}].push_back({{s, i, j}, msg});
+          const Channel channel = channel_of(is_send(a.op) ? s : peer, is_send(a.op) ? peer : s, msg);
+          (is_send(a.op) ? sends : receives)[channel].push_back({{s, i, j}, msg});
         }
       }
     }
@@ -172,7 +179,7 @@ class Simulation {
       for (auto& [channel, list] : receives) std::stable_sort(list.begin(), list.end(), by_name);
     }
     for (auto& [channel, sent] : sends) {
-      const auto [from, to] = channel;
+      const auto [from, to, kind] = channel;
       const auto& got = receives[channel];
       for (size_t k = 0; k < sent.size(); ++k) {
         const auto& [slot, msg] = sent[k];
@@ -187,6 +194,10 @@ class Simulation {
                    ": sender and receiver order their messages differently");
         partner_[key(slot)] = got[k].first;
         partner_[key(got[k].first)] = slot;
+        if (mode_ == MessageMode::Channels && k > 0) {  // a channel completes in order
+          before_[key(slot)] = sent[k - 1].first;
+          before_[key(got[k].first)] = sent[k - 1].first;
+        }
       }
     }
     for (auto& [channel, got] : receives) {
@@ -194,7 +205,7 @@ class Simulation {
       if (got.size() > sent) {
         const auto& [slot, msg] = got[sent];
         fail(slot.stage, slot.step, "receives the " + to_string(msg) + ", a message that stage " +
-                                        std::to_string(channel.first) + " never sends");
+                                        std::to_string(std::get<0>(channel)) + " never sends");
       }
     }
   }
@@ -312,11 +323,17 @@ class Simulation {
       if (done == matched_at_.end()) {
         const Slot& other = partner_.at(mine);
         const auto peer = posted_at_.find(key(other));
-        if (peer == posted_at_.end()) {
+        // On a channel, the message before this one has completed.
+        const auto before = before_.find(mine);
+        const auto previous =
+            before == before_.end() ? matched_at_.end() : matched_at_.find(key(before->second));
+        if (peer == posted_at_.end() || (before != before_.end() && previous == matched_at_.end())) {
           all = false;
           continue;
         }
-        const double at = std::max(st.post_time, peer->second) + p2p_;
+        double at = std::max(st.post_time, peer->second);
+        if (previous != matched_at_.end()) at = std::max(at, previous->second);
+        at += p2p_;
         done = matched_at_.emplace(mine, at).first;
         matched_at_.emplace(key(other), at);
         progress = true;
@@ -394,6 +411,8 @@ class Simulation {
   double p2p_;
   std::vector<StageState> stages_;
   std::map<std::tuple<int, size_t, size_t>, Slot> partner_;
+  // Channels: each end of a message -> the send of the message before it on its channel.
+  std::map<std::tuple<int, size_t, size_t>, Slot> before_;
   std::map<std::tuple<int, size_t, size_t>, double> matched_at_;  // when each message matched
   std::map<std::tuple<int, size_t, size_t>, double> posted_at_;   // when each was posted
 };

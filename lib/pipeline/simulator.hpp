@@ -27,6 +27,8 @@ struct SimulationResult {
 // - Grouped mode: messages between two stages match in issue order (NCCL has no tags);
 //   the k-th send from a to b is the k-th receive on b from a and must name the same
 //   (microbatch, chunk) and kind. AsyncSends mode: they match by that name (MPI tags).
+//   Channels mode: in issue order per (sender, receiver, kind), and a message completes
+//   no earlier than the one before it on its channel (each end is a stream).
 //   A mismatch is rejected before the run starts.
 // - Compute steps take their cost; a local copy is instant.
 // Throws std::logic_error naming stage, step and actions on: deadlock (with the cycle of
@@ -66,7 +68,7 @@ SimulationResult simulate(ScheduleKind kind, int pp, int micro_batches, int virt
 
 // The bubble of the schedule's own steps with the planned costs (unit by default) and
 // free messages. Closed forms with unit costs
-// (Grouped and AsyncSends agree there): gpipe and 1f1b (p-1)/(m+p-1); zb-h1
+// (every mode agrees there): gpipe and 1f1b (p-1)/(m+p-1); zb-h1
 // (p-1)/(3m+p-1) for m >= p (a third of 1f1b's bubble time); interleaved
 // (p-1)/(v*m+p-1) (Megatron: bubble time divided by v); zb-v below zb-h1 and going to
 // zero with m (the paper's (p-1)(F+B-2W) idle time is zero with F = B = W, but the last

@@ -46,7 +46,7 @@ struct PlannedSteps {
 PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
                            const std::vector<std::vector<Step>>& steps) {
   PlannedSteps plan{steps, {}};
-  if (run_mode(c, be) == MessageMode::AsyncSends)
+  if (sends_in_background(run_mode(c, be)))
     plan.reusable = sends_waitable_from(steps, placement_of(c));
   return plan;
 }

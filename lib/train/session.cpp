@@ -75,7 +75,9 @@ MessageMode message_mode(const Config& c, bool device_memory) {
                                        "grouped or auto");
     return MessageMode::AsyncSends;
   }
-  return device_memory ? MessageMode::Grouped : MessageMode::AsyncSends;
+  if (mode == MessageModeChoice::Channels) return MessageMode::Channels;
+  if (!device_memory) return MessageMode::AsyncSends;
+  return c.parallel.overlap ? MessageMode::Channels : MessageMode::Grouped;
 }
 
 StageCosts planned_costs(const Config& c) {
@@ -112,8 +114,12 @@ std::unique_ptr<ops::Ops> make_rank_backend(const Config& c, const RankGrid& gri
                                             comm::Comms& comms) {
   const comm::LaunchInfo launch = comm::detect_launcher();
   auto ops = make_backend(c, launch.local_rank);
-  if (ops->device_memory() && grid.world_size() > 1)
-    comm::add_nccl_comms(comms, grid, ops->native_stream(), ops->host_waits());
+  if (ops->device_memory() && grid.world_size() > 1) {
+    std::vector<comm::PipelineChannel> channels;
+    if (message_mode(c, true) == MessageMode::Channels)
+      channels = pipeline_channels(placement_of(c), grid.all_pp_groups());
+    comm::add_nccl_comms(comms, grid, ops->native_stream(), ops->host_waits(), channels);
+  }
   check_memory(c, comms, *ops, launch.under_launcher ? launch.local_size : 1);
   return ops;
 }
@@ -135,7 +141,7 @@ Session::Session(const Config& config)
                                  : Model::Master::InModel,
                              ContextRing{split, &comms.ring_for_model(), grid.cp_group(rank)})),
       model(*owned_model),
-      executor(model, comms.world_for_model(), grid.pp_group(rank), config.parallel.schedule,
+      executor(model, comms.pipeline_for_model(), grid.pp_group(rank), config.parallel.schedule,
                coord.pp, config.parallel.micro_batches, config.parallel.virtual_stages,
                message_mode(config, ops->device_memory()), planned_costs(config)) {}
 

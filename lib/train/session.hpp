@@ -38,9 +38,9 @@ Placement placement_of(const Config& config);
 // rank `tp_rank`.
 ModelPartition rank_partition(const Config& config, int stage, int tp_rank);
 RankGrid make_grid(const Config& config);
-// How pipeline messages travel (parallel.message_mode): auto is grouped batches on a
-// device (NCCL holds a stream until a send is received) and sends in the background on
-// the host (MPI). InputError for async-sends on a device.
+// How pipeline messages travel (parallel.message_mode): auto is sends in the background
+// on the host (MPI) and, on a device, NCCL channels with parallel.overlap, else grouped
+// batches on the compute stream. InputError for async-sends on a device.
 MessageMode message_mode(const Config& config, bool device_memory);
 // parallel.schedule_costs: the F, B and W times schedules are planned with.
 StageCosts planned_costs(const Config& config);

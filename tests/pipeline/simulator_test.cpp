@@ -17,6 +17,11 @@ using Steps = std::vector<std::vector<Step>>;
 constexpr ScheduleKind kAll[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
                                  ScheduleKind::Interleaved, ScheduleKind::ZeroBubbleH1,
                                  ScheduleKind::ZeroBubbleV};
+constexpr MessageMode kModes[] = {MessageMode::Grouped, MessageMode::AsyncSends,
+                                  MessageMode::Channels};
+const char* mode_name(MessageMode mode) {
+  return mode == MessageMode::Grouped ? "grouped" : mode == MessageMode::AsyncSends ? "async sends" : "channels";
+}
 
 Lists build_all(ScheduleKind kind, int p, int m, int v) { return build_schedules(kind, p, m, v); }
 Steps steps_all(ScheduleKind kind, int p, int m, int v,
@@ -25,7 +30,7 @@ Steps steps_all(ScheduleKind kind, int p, int m, int v,
 }
 
 TEST(Simulator, BuildStepsIsOneStagesBatching) {
-  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+  for (MessageMode mode : kModes) {
     const Steps all = steps_all(ScheduleKind::ZeroBubbleV, 3, 5, 2, mode);
     for (int s = 0; s < 3; ++s) {
       EXPECT_EQ(build_steps(ScheduleKind::ZeroBubbleV, 3, s, 5, 2, mode), all[size_t(s)]);
@@ -120,11 +125,11 @@ void expect_closed_form_bubble(ScheduleKind kind, int p, int m, int v, double bu
 }
 
 // The property test: pp 1..8, m 1..32, v 1..4, every schedule that accepts the sizes,
-// in both message modes, proven deadlock-free with unbuffered messages; peaks within the
+// in every message mode, proven deadlock-free with unbuffered messages; peaks within the
 // documented bounds.
 TEST(Simulator, EveryScheduleOverASweep) {
   std::map<std::pair<ScheduleKind, MessageMode>, int> runs;
-  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+  for (MessageMode mode : kModes) {
     for (ScheduleKind kind : kAll) {
       for (int p = 1; p <= 8; ++p) {
         for (int m = 1; m <= 32; ++m) {
@@ -132,7 +137,7 @@ TEST(Simulator, EveryScheduleOverASweep) {
             if (!schedule_constraint_error(kind, p, m, v).empty()) continue;
             SCOPED_TRACE(std::string(name_of(kind)) + " p=" + std::to_string(p) + " m=" +
                          std::to_string(m) + " v=" + std::to_string(v) +
-                         (mode == MessageMode::Grouped ? " grouped" : " async sends"));
+                         " " + mode_name(mode));
             const Placement pl = schedule_placement(kind, p, v);
             const Lists lists = build_all(kind, p, m, v);
             const Steps steps = steps_all(kind, p, m, v, mode);
@@ -158,7 +163,7 @@ TEST(Simulator, EveryScheduleOverASweep) {
       }
     }
   }
-  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+  for (MessageMode mode : kModes) {
     EXPECT_EQ((runs[{ScheduleKind::OneFOneB, mode}]), 8 * 32);
     EXPECT_EQ((runs[{ScheduleKind::ZeroBubbleV, mode}]), 8 * 32);
     EXPECT_EQ((runs[{ScheduleKind::Interleaved, mode}]), 3 * (16 + 10 + 8 + 6 + 5 + 4 + 4));
@@ -173,6 +178,47 @@ TEST(Simulator, AsyncSendsKeepTheClosedForm) {
   const double grouped = simulate(ScheduleKind::Interleaved, 2, 16, 2, cpu).bubble;
   EXPECT_LT(async, grouped);
   EXPECT_NEAR(async, 1.0 / 33, 1e-3);  // (p-1)/(v*m+p-1): W rides with B here
+  // NCCL channels run the same steps: the grouped mode's extra bubble is gone on GPUs.
+  const double channels = simulate(ScheduleKind::Interleaved, 2, 16, 2, cpu, {}, MessageMode::Channels).bubble;
+  EXPECT_NEAR(channels, async, 1e-12);
+}
+
+// Channels match in issue order per kind: ZB-V's lists send activations and gradients
+// to the same stage in different orders, so one channel per pair of stages (NCCL's
+// order over a single communicator) would pair the wrong messages.
+TEST(Simulator, ChannelsMatchEachKindInIssueOrder) {
+  const Placement pl = schedule_placement(ScheduleKind::ZeroBubbleV, 2, 2);
+  const Steps steps = steps_all(ScheduleKind::ZeroBubbleV, 2, 8, 2, MessageMode::Channels);
+  EXPECT_NO_THROW(simulate_steps(steps, pl, 8, MessageMode::Channels));
+  std::string msg;
+  try {
+    simulate_steps(steps, pl, 8, MessageMode::Grouped);
+  } catch (const std::logic_error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("order their messages differently"), std::string::npos) << msg;
+}
+
+// A channel is a stream at each end: its messages complete one after another. GPipe at
+// pp 2, m 2, computes free, 1 a message: both activations, then both gradients, travel
+// in one batch each.
+TEST(Simulator, AChannelsMessagesCompleteInTurn) {
+  const Placement pl = schedule_placement(ScheduleKind::GPipe, 2, 1);
+  auto act = [](Op op, int mb) { return Action{op, mb, 0}; };
+  const Steps steps{
+      {{Step::Compute, {act(Op::Forward, 0)}}, {Step::Compute, {act(Op::Forward, 1)}},
+       {Step::PostSends, {act(Op::SendForward, 0), act(Op::SendForward, 1)}},
+       {Step::Messages, {act(Op::RecvBackward, 0), act(Op::RecvBackward, 1)}},
+       {Step::Compute, {act(Op::BackwardInput, 0)}}, {Step::Compute, {act(Op::BackwardWeight, 0)}},
+       {Step::Compute, {act(Op::BackwardInput, 1)}}, {Step::Compute, {act(Op::BackwardWeight, 1)}}},
+      {{Step::Messages, {act(Op::RecvForward, 0), act(Op::RecvForward, 1)}},
+       {Step::Compute, {act(Op::Forward, 0)}}, {Step::Compute, {act(Op::Forward, 1)}},
+       {Step::Compute, {act(Op::BackwardInput, 0)}}, {Step::Compute, {act(Op::BackwardWeight, 0)}},
+       {Step::Compute, {act(Op::BackwardInput, 1)}}, {Step::Compute, {act(Op::BackwardWeight, 1)}},
+       {Step::PostSends, {act(Op::SendBackward, 0), act(Op::SendBackward, 1)}}}};
+  const StageCosts free_computes{0, 0, 0, 1};
+  EXPECT_DOUBLE_EQ(simulate_steps(steps, pl, 2, MessageMode::AsyncSends, free_computes).makespan, 2);
+  EXPECT_DOUBLE_EQ(simulate_steps(steps, pl, 2, MessageMode::Channels, free_computes).makespan, 4);
 }
 
 // ZB-V planned for other F, B, W times: still proven in both modes at every size, within
@@ -180,7 +226,7 @@ TEST(Simulator, AsyncSendsKeepTheClosedForm) {
 TEST(Simulator, ZeroBubbleVPlannedForMeasuredTimes) {
   const StageCosts cpu{71.6, 77, 50.9, 0};  // measured on CPU ranks, d_model 512
   for (const StageCosts& planned : {cpu, StageCosts{1, 2, 1, 0}}) {
-    for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends}) {
+    for (MessageMode mode : kModes) {
       for (int p = 1; p <= 8; ++p) {
         for (int m = 1; m <= 32; ++m) {
           SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
@@ -380,7 +426,7 @@ TEST(SimulatorRejects, TheOldPairingHangsInterleaved) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
-  for (MessageMode mode : {MessageMode::Grouped, MessageMode::AsyncSends})
+  for (MessageMode mode : kModes)
     EXPECT_NO_THROW(simulate_steps(batch_messages(lists, pl, mode), pl, 4, mode));
 }
 
