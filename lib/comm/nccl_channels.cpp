@@ -53,16 +53,19 @@ class NcclChannelWorld final : public World {
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
     std::vector<std::size_t> order(batch.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    NcclOpInfo info{"exchange", "pipeline channels", awaited_transfers(batch, order)};
     std::vector<const ChannelLane*> used;  // in first use, one entry a lane
     std::vector<const ChannelLane*> lane_of;
+    std::string group;  // the lanes' names, for the watchdog
     for (const Transfer& t : batch) {
       const ChannelLane& lane = find(t);
       lane_of.push_back(&lane);
-      if (t.bytes > 0 && std::find(used.begin(), used.end(), &lane) == used.end())
+      if (t.bytes > 0 && std::find(used.begin(), used.end(), &lane) == used.end()) {
         used.push_back(&lane);
+        group += (group.empty() ? "" : "+") + lane.name;
+      }
     }
     if (used.empty()) return std::make_unique<PendingAll>(std::vector<std::unique_ptr<PendingOp>>{});
+    NcclOpInfo info{"exchange", group, awaited_transfers(batch, order)};
     cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), info);
     for (const ChannelLane* lane : used)
       ctx_->stream_wait("transfer-after-compute", lane->stream, ready, info);

@@ -64,11 +64,11 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
     const PipelineChannel& c = pipeline_channels[i];
     if (c.from != rank && c.to != rank) continue;
     const std::vector<int> pair{c.from, c.to};
-    const std::string name = "pipeline " + std::to_string(c.from) + "->" + std::to_string(c.to) +
-                             " channel " + std::to_string(c.channel);
+    const std::string name = "pipeline-channel-" + std::to_string(c.channel) + "(" +
+                             std::to_string(c.from) + "->" + std::to_string(c.to) + ")";
     const detail::NcclOpInfo info{"start-up", name, {detail::join_ranks(pair), pair}};
     ncclComm_t comm = ctx->add_comm(pair, name, kFirstChannelTag + int(i));
-    lanes.push_back({c.from == rank ? c.to : c.from, c.from == rank, c.channel, comm,
+    lanes.push_back({name, c.from == rank ? c.to : c.from, c.from == rank, c.channel, comm,
                      ctx->new_stream(info)});
   }
   if (!pipeline_channels.empty())

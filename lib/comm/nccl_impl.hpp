@@ -136,10 +136,11 @@ std::unique_ptr<World> make_nccl_world(std::shared_ptr<NcclContext> ctx, ncclCom
                                        int size, std::vector<int> members,
                                        cudaStream_t own_stream = nullptr);
 
-// One channel of the pipeline's messages as this rank sees it: the world rank at its
-// other end, whether this rank sends on it, its number, its two-rank communicator
+// One channel of the pipeline's messages as this rank sees it: its name, the world rank
+// at its other end, whether this rank sends on it, its number, its two-rank communicator
 // (sender rank 0, receiver rank 1) and this rank's stream for it.
 struct ChannelLane {
+  std::string name;  // "pipeline-channel-0(0->1)"
   int peer;
   bool send;
   int channel;

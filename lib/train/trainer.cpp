@@ -423,7 +423,10 @@ void RankTrainer::finish_logs() {
 }
 
 TrainResult train_rank(Session& s, const StopSignals& signals) {
-  return RankTrainer(s, signals).run();
+  RankTrainer trainer(s, signals);
+  // A failure ends the job while the trainer still holds its device memory: freeing it
+  // would wait for transfers whose peers have stopped.
+  return run_all_or_none(s, [&](Session&) { return trainer.run(); });
 }
 }  // namespace
 

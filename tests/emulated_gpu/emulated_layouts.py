@@ -18,7 +18,8 @@ most memory any rank held is what check-config predicts, within 4 KiB. Then:
   unless SITE_LAYOUTS names another), naming the two stream items; no layout above
   has a race;
 - overlap: dp2, (2,2,2) and two ZeRO-1 layouts with buckets smaller than a layer give
-  the same bits with parallel.overlap: false as with it;
+  the same bits with parallel.overlap: false (which also sends the pipeline's messages
+  in grouped batches instead of on their channels) as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout; so
   does a ZeRO-1 run in bf16, which gathers only the weight copy during training;
@@ -204,7 +205,8 @@ def stream_wait_sites():
 
 
 # The layout that runs each cross-stream wait (dp2 unless named here).
-SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2"}
+SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2",
+                "transfer-after-compute": "pp2_1f1b", "compute-after-transfer": "pp2_1f1b"}
 
 
 def check_dropped_waits(work, failures):

@@ -53,6 +53,9 @@ LAYOUTS = {
     "pp4_zb_h1_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-h1", "parallel.message_mode=grouped"]),
     "pp4_zb_v_grouped": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
                                       "parallel.message_mode=grouped"]),
+    # The channels mode GPUs use (NCCL): the same steps, each kind matched in issue order.
+    "pp4_zb_v_channels": (1, 4, 1, 4, ["parallel.schedule=zb-v", "parallel.virtual_stages=2",
+                                       "parallel.message_mode=channels"]),
     "pp2_uneven": (1, 2, 1, 4, ["parallel.layers_per_stage=[5,3]"]),
     "pp2_auto_split": (1, 2, 1, 4, ["parallel.layers_per_stage=auto"]),
     "pp2_m3": (1, 2, 1, 3, []),  # m not a multiple of pp: against a single run of 3
