@@ -151,7 +151,8 @@ def plot_metrics(path, out, title):
 
 
 def read_trace(path):
-    """(slices, rank names) of a Chrome-trace file: slices are 'X' events, names by tid."""
+    """(slices, rank names) of a Chrome-trace file: slices are the ranks' 'X' events (not
+    the communication tracks'), names by tid."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -169,6 +170,9 @@ def read_trace(path):
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             names[e.get("tid")] = str(e.get("args", {}).get("name", e.get("tid")))
         elif e.get("ph") == "X" and all(isinstance(e.get(k), (int, float)) for k in ("ts", "dur")):
+            args = e.get("args")
+            if isinstance(args, dict) and "track" in args:
+                continue  # communication beside compute, on a track of its own
             slices.append(e)
     if not slices:
         raise InputProblem(f"{path}: holds no slices ('X' events)")

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_timeline.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "topology/rank_grid.hpp"
@@ -176,6 +177,8 @@ struct Comms {
   std::unique_ptr<Group> embedding;  // null on ranks in no embedding group
   std::unique_ptr<DeviceComms> device;  // null: the backend's memory is host memory
   double timeout_s = 0;                 // the watchdog limit of every wait (0: local, none)
+  // The spans of the operations that run beside compute, for the trace; never null.
+  std::shared_ptr<CommTimeline> timeline = std::make_shared<CommTimeline>();
 
   World& world_for_model() const { return device ? *device->world : *world; }
   // Where ring attention sends its blocks (model/ring_attention.hpp).

@@ -112,12 +112,12 @@ Comms make_mpi_comms(const RankGrid& grid, double timeout_s) {
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &base), "MPI_Comm_dup", info);
   check_mpi(MPI_Comm_set_errhandler(base, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", info);
   check_mpi(MPI_Comm_dup(base, &liveness), "MPI_Comm_dup", info);
+  Comms comms;
   const detail::MpiShared shared{session, std::make_shared<detail::Liveness>(session, liveness),
-                                 rank, timeout_s};
+                                 rank, timeout_s, comms.timeline};
 
   const RankCoord c = grid.coord(rank);
   const auto cp_of = [&grid](const RankCoord& at) { return grid.cp() > 1 ? at.cp : -1; };
-  Comms comms;
   comms.timeout_s = timeout_s;
   comms.all = split(shared, base, 0, detail::every_rank(size), "world");
   comms.tp = split(shared, base, grid.tp_group_index(rank), grid.tp_group(rank),

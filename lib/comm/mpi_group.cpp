@@ -85,7 +85,8 @@ class MpiGroup final : public Group {
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all_reduce_start"),
                              MPI_FLOAT, MPI_SUM, comm_, requests.data()),
               "MPI_Iallreduce", info);
-    return std::make_unique<MpiPending>(std::move(requests), std::move(info));
+    return std::make_unique<MpiPending>(std::move(requests), std::move(info),
+                                        timed(shared_.timeline, name_, span_name("all_reduce", n * 4)));
   }
   // MPI's in-place form leaves this rank's block at the front; it moves to its own place
   // once complete (the two ranges are disjoint for rank > 0).
@@ -101,7 +102,9 @@ class MpiGroup final : public Group {
       move = [data, block, r = std::size_t(rank_)] {
         std::memcpy(data + r * block, data, block * sizeof(float));
       };
-    return std::make_unique<MpiPending>(std::move(requests), std::move(info), std::move(move));
+    return std::make_unique<MpiPending>(
+        std::move(requests), std::move(info),
+        timed(shared_.timeline, name_, span_name("reduce_scatter", n * 4), std::move(move)));
   }
   std::unique_ptr<PendingOp> all_gather_start(void* data, std::size_t n, DType dtype) override {
     const bool f32 = dtype == DType::F32;
@@ -112,7 +115,9 @@ class MpiGroup final : public Group {
     std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
     check_mpi(MPI_Iallgather(MPI_IN_PLACE, block, type, data, block, type, comm_, requests.data()),
               "MPI_Iallgather", info);
-    return std::make_unique<MpiPending>(std::move(requests), std::move(info));
+    return std::make_unique<MpiPending>(
+        std::move(requests), std::move(info),
+        timed(shared_.timeline, name_, span_name("all_gather", n * dtype_size(dtype))));
   }
 
  private:

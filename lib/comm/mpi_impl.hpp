@@ -17,6 +17,7 @@ struct MpiShared {
   std::shared_ptr<Liveness> liveness;   // null during start-up
   int world_rank = 0;
   double timeout_s = 0;  // the watchdog limit of every wait
+  std::shared_ptr<CommTimeline> timeline;  // the Comms' (never null)
 };
 
 // Takes ownership of comm (freed on destruction); members are world ranks by group rank.

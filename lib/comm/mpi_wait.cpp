@@ -58,6 +58,22 @@ std::vector<std::size_t> pending_requests(std::vector<MPI_Request>& requests,
 
 }  // namespace
 
+std::string span_name(const char* op, std::size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s %.3g MiB", op, double(bytes) / (1 << 20));
+  return buf;
+}
+
+std::function<void()> timed(const std::shared_ptr<CommTimeline>& timeline, std::string track,
+                            std::string name, std::function<void()> then) {
+  if (!timeline || !timeline->on()) return then;
+  return [timeline, track = std::move(track), name = std::move(name), then = std::move(then),
+          begin = CommSpan::Clock::now()] {
+    timeline->add({track, name, begin, CommSpan::Clock::now()});
+    if (then) then();
+  };
+}
+
 std::string seconds_text(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", s);

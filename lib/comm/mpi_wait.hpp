@@ -94,6 +94,14 @@ Awaited awaited_transfers(const std::vector<Transfer>& batch,
 // 0, 1, ..., size - 1
 std::vector<int> every_rank(int size);
 
+// "all_reduce 1.5 MiB": an operation and its size, for a trace span.
+std::string span_name(const char* op, std::size_t bytes);
+
+// `then`, after noting in `timeline` the span of operation `name` on `track` from now to
+// when it runs (the host sees the operation complete), if the timeline is on.
+std::function<void()> timed(const std::shared_ptr<CommTimeline>& timeline, std::string track,
+                            std::string name, std::function<void()> then = {});
+
 // "8", "0.5": seconds as the messages write them.
 std::string seconds_text(double s);
 

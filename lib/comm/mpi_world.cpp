@@ -47,7 +47,10 @@ class MpiWorld final : public World {
                     "MPI_Isend", info);
       }
     }
-    return std::make_unique<MpiPending>(std::move(requests), std::move(info));
+    std::string what;
+    for (const Transfer& t : batch) what += (what.empty() ? "" : ", ") + describe(t);
+    return std::make_unique<MpiPending>(std::move(requests), std::move(info),
+                                        timed(shared_.timeline, "messages", what));
   }
 
   void barrier() override {

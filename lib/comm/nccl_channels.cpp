@@ -76,11 +76,13 @@ class NcclChannelWorld final : public World {
       const Transfer& t = batch[i];
       if (t.bytes == 0) continue;  // nothing to move; the peer skips its side too
       const ChannelLane& lane = *lane_of[i];
+      cudaEvent_t begin = ctx_->begin_span(lane.stream, info);
       // The sender is rank 0 of the channel's communicator, the receiver rank 1.
       if (t.kind == Transfer::Send)
         ctx_->check(ncclSend(t.data, t.bytes, ncclUint8, 1, lane.comm, lane.stream), "ncclSend", info);
       else
         ctx_->check(ncclRecv(t.data, t.bytes, ncclUint8, 0, lane.comm, lane.stream), "ncclRecv", info);
+      ctx_->end_span(begin, lane.stream, lane.name, describe(t), info);
     }
     std::vector<std::unique_ptr<PendingOp>> pending;
     for (const ChannelLane* lane : used)

@@ -74,6 +74,7 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
   if (!pipeline_channels.empty())
     device->pipeline = detail::make_nccl_channel_world(ctx, size, std::move(lanes));
   comms.device = std::move(device);
+  comms.timeline->set_device(ctx);
 }
 
 }  // namespace pptrain::comm

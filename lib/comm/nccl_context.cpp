@@ -32,6 +32,7 @@ NcclContext::~NcclContext() {
   // teardown there is nothing left to do about them.
   (void)cudaDeviceSynchronize();
   for (const Watched& w : watched_) (void)cudaEventDestroy(w.done);
+  drop_spans();
   for (auto it = comms_.rbegin(); it != comms_.rend(); ++it) (void)ncclCommDestroy(*it);
   if (comm_stream_) (void)cudaStreamDestroy(comm_stream_);
   for (cudaStream_t s : streams_) (void)cudaStreamDestroy(s);
@@ -185,6 +186,56 @@ void NcclContext::abort(const std::string& message, int exit_code) {
   }
   host_world_.abort(message, exit_code);
   std::_Exit(exit_code);  // the host world's abort does not return; this satisfies [[noreturn]]
+}
+
+cudaEvent_t NcclContext::begin_span(cudaStream_t stream, const NcclOpInfo& info) {
+  if (!spans_on_) return nullptr;
+  cudaEvent_t event = nullptr;  // with timing, unlike record()'s
+  check(cudaEventCreate(&event), "cudaEventCreate", info);
+  check(cudaEventRecord(event, stream), "cudaEventRecord", info);
+  return event;
+}
+
+void NcclContext::end_span(cudaEvent_t begin, cudaStream_t stream, std::string track,
+                           std::string name, const NcclOpInfo& info) {
+  if (!begin) return;
+  cudaEvent_t end = begin_span(stream, info);
+  spans_.push_back({std::move(track), std::move(name), begin, end});
+}
+
+void NcclContext::start(bool on) {
+  drop_spans();
+  spans_on_ = on;
+  if (on) reference_ = begin_span(compute_, {"trace", "world", {"all", {}}});
+}
+
+std::vector<CommSpan> NcclContext::take(CommSpan::Clock::time_point origin) {
+  std::vector<CommSpan> out;
+  auto at = [&](cudaEvent_t e, CommSpan::Clock::time_point& t) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, reference_, e) != cudaSuccess) return false;
+    t = origin + std::chrono::duration_cast<CommSpan::Clock::duration>(
+                     std::chrono::duration<double, std::milli>(ms));
+    return true;
+  };
+  for (Span& s : spans_) {
+    CommSpan span{s.track, s.name, {}, {}};
+    if (reference_ && at(s.begin, span.begin) && at(s.end, span.end)) out.push_back(std::move(span));
+  }
+  (void)cudaGetLastError();  // a span not yet complete is left out, not an error
+  drop_spans();
+  spans_on_ = false;
+  return out;
+}
+
+void NcclContext::drop_spans() {
+  for (const Span& s : spans_) {
+    (void)cudaEventDestroy(s.begin);
+    (void)cudaEventDestroy(s.end);
+  }
+  spans_.clear();
+  if (reference_) (void)cudaEventDestroy(reference_);
+  reference_ = nullptr;
 }
 
 NcclPending::NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cudaEvent_t done,

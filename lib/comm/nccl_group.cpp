@@ -112,7 +112,9 @@ class NcclGroup final : public Group {
     cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
     ctx_->stream_wait("collective-after-compute", side, ready, op);
     ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
+    cudaEvent_t begin = ctx_->begin_span(side, op);
     if (n > 0) ctx_->check(call(side), name, op);
+    ctx_->end_span(begin, side, name_, name, op);
     cudaEvent_t done = ctx_->record(side, op);
     return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
   }

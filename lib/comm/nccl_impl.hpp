@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/comm_timeline.hpp"
 #include "comm/mpi_wait.hpp"
 #include "core/host_waits.hpp"
 
@@ -25,8 +26,9 @@ struct NcclOpInfo {
 
 // Owns every NCCL communicator of one DeviceComms and the stream of all_reduce_start.
 // An error or a timeout anywhere aborts all of them (ncclCommAbort), then ends the job
-// through the host world, so no rank is left waiting in a collective.
-class NcclContext {
+// through the host world, so no rank is left waiting in a collective. Times the
+// operations on streams beside compute for the trace (DeviceSpanSource).
+class NcclContext final : public DeviceSpanSource {
  public:
   // host_world must outlive the context (Comms destroys `device` before `world`), and
   // host_waits (may be null) too.
@@ -34,7 +36,7 @@ class NcclContext {
               HostWaitCounter* host_waits);
   // Waits for the device, then destroys the communicators, newest first. Does not touch
   // the compute stream, which may already be gone.
-  ~NcclContext();
+  ~NcclContext() override;
   NcclContext(const NcclContext&) = delete;
   NcclContext& operator=(const NcclContext&) = delete;
 
@@ -78,6 +80,14 @@ class NcclContext {
   // Aborts every communicator, then ends the job through the host world.
   [[noreturn]] void abort(const std::string& message, int exit_code);
 
+  // Trace spans: while on (start), begin_span records a timing event on `stream` before
+  // an operation (null when off) and end_span, given it, one after the operation.
+  cudaEvent_t begin_span(cudaStream_t stream, const NcclOpInfo& info);
+  void end_span(cudaEvent_t begin, cudaStream_t stream, std::string track, std::string name,
+                const NcclOpInfo& info);
+  void start(bool on) override;
+  std::vector<CommSpan> take(CommSpan::Clock::time_point origin) override;
+
  private:
   World& host_world_;
   cudaStream_t compute_;
@@ -99,6 +109,14 @@ class NcclContext {
     bool deferred = false;
   };
   HostWaitCounter* host_waits_;
+  struct Span {
+    std::string track, name;
+    cudaEvent_t begin, end;
+  };
+  bool spans_on_ = false;
+  cudaEvent_t reference_ = nullptr;  // time zero of the spans, on the compute stream
+  std::vector<Span> spans_;
+  void drop_spans();  // destroys their events and the reference
   std::vector<ncclComm_t> comms_;  // in creation order
   std::vector<Watched> watched_;   // oldest first
   bool aborted_ = false;

@@ -54,6 +54,7 @@ class NcclWorld final : public World {
       ctx_->stream_wait("exchange-after-compute", own_stream_, ready, info);
       ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", info);  // the wait is queued
     }
+    cudaEvent_t begin = own_stream_ ? ctx_->begin_span(stream, info) : nullptr;
     ctx_->check(ncclGroupStart(), "ncclGroupStart", info);
     for (std::size_t i : order) {
       const Transfer& t = batch[i];
@@ -65,6 +66,7 @@ class NcclWorld final : public World {
         ctx_->check(ncclRecv(t.data, t.bytes, ncclUint8, peer, comm_, stream), "ncclRecv", info);
     }
     ctx_->check(ncclGroupEnd(), "ncclGroupEnd", info);
+    ctx_->end_span(begin, stream, "cp ring", "exchange", info);
     cudaEvent_t done = ctx_->record(stream, info);
     return std::make_unique<NcclPending>(
         ctx_, comm_, done, std::move(info),

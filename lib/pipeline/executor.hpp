@@ -90,6 +90,8 @@ class PipelineExecutor {
   // its wait_queue()); on_action, if set, gets each action's span, placed on the host
   // clock from the step's start.
   PipelineStats step_stats(const std::vector<double>& marks, const ActionFn& on_action = {}) const;
+  // The host time at which the last train_step began: its device time zero.
+  Clock::time_point step_started() const { return started_; }
   // The schedule's steps of every rank of the pipeline, by stage (this rank runs its own).
   const std::vector<std::vector<Step>>& all_steps() const { return all_steps_; }
   // Forward only through `count` micro-batches; returns the sum of their mean losses

@@ -70,24 +70,59 @@ bool TraceRecorder::enabled_for(int64_t step) const {
   return !path_.empty() && std::find(steps_.begin(), steps_.end(), step) != steps_.end();
 }
 
+namespace {
+// Thread ids and sort order: rank r's compute track is thread r, sorted at r * kTracks;
+// its k-th communication track (from 1) thread kFirstTrackTid + r * kTracks + k, sorted
+// right after it.
+constexpr int kTracks = 64, kFirstTrackTid = 10000;
+}  // namespace
+
+nlohmann::json TraceRecorder::slice(const std::string& name, int tid, int64_t step,
+                                    Clock::time_point begin, Clock::time_point end) const {
+  using us = std::chrono::duration<double, std::micro>;
+  return {{"name", name},
+          {"ph", "X"},
+          {"pid", 0},
+          {"tid", tid},
+          {"ts", us(begin - origin_).count()},
+          {"dur", us(end - begin).count()},
+          {"args", {{"step", step}}}};
+}
+
 void TraceRecorder::add(const std::string& name, int64_t step, Clock::time_point begin,
                         Clock::time_point end) {
-  using us = std::chrono::duration<double, std::micro>;
-  events_.push_back({{"name", name},
-                     {"ph", "X"},
-                     {"pid", 0},
-                     {"tid", rank_},
-                     {"ts", us(begin - origin_).count()},
-                     {"dur", us(end - begin).count()},
-                     {"args", {{"step", step}}}});
+  events_.push_back(slice(name, rank_, step, begin, end));
+}
+
+void TraceRecorder::add_on(const std::string& track, const std::string& name, int64_t step,
+                           Clock::time_point begin, Clock::time_point end) {
+  auto it = std::find(tracks_.begin(), tracks_.end(), track);
+  if (it == tracks_.end()) {
+    if (tracks_.size() + 1 >= std::size_t(kTracks)) return;  // more tracks than a rank has
+    it = tracks_.insert(tracks_.end(), track);
+  }
+  const int k = int(it - tracks_.begin()) + 1;
+  nlohmann::json e = slice(name, kFirstTrackTid + rank_ * kTracks + k, step, begin, end);
+  e["args"]["track"] = track;
+  events_.push_back(std::move(e));
 }
 
 void TraceRecorder::write() const {
   if (path_.empty()) return;
   make_parent_dirs(path_, "logging.trace");
   nlohmann::json events = events_;
-  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", rank_},
-                    {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  auto name_track = [&](int tid, const std::string& name, int sort) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", tid},
+                      {"args", {{"name", name}}}});
+    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", 0}, {"tid", tid},
+                      {"args", {{"sort_index", sort}}}});
+  };
+  const std::string rank = "rank " + std::to_string(rank_);
+  name_track(rank_, rank, rank_ * kTracks);
+  for (std::size_t i = 0; i < tracks_.size(); ++i) {
+    const int k = int(i) + 1;
+    name_track(kFirstTrackTid + rank_ * kTracks + k, rank + ": " + tracks_[i], rank_ * kTracks + k);
+  }
   write_text(path_ + ".rank" + std::to_string(rank_), events.dump() + "\n");
 }
 

@@ -33,13 +33,19 @@ class MetricsWriter {
 
 // Collects one slice per action (forward, backward-input, backward-weight, messages,
 // optimizer) and writes them as Chrome trace events ("X" phase, microseconds) with one
-// track per rank. Rank r writes `path.rank<r>`; merge_traces joins them into `path`.
+// track per rank ("rank r", thread id r), and the communication beside compute on
+// tracks of their own ("rank r: <track>", thread ids from 10000, their slices'
+// args naming the track), sorted right below their rank's. Rank r writes
+// `path.rank<r>`; merge_traces joins them into `path`.
 class TraceRecorder {
  public:
   using Clock = std::chrono::steady_clock;
   TraceRecorder(std::string path, std::vector<int> steps, int rank = 0);
   bool enabled_for(int64_t step) const;  // traced step?
   void add(const std::string& name, int64_t step, Clock::time_point begin, Clock::time_point end);
+  // A slice on this rank's track `track` (communication).
+  void add_on(const std::string& track, const std::string& name, int64_t step,
+              Clock::time_point begin, Clock::time_point end);
   // This rank's part; no-op when disabled. A failed write logs an error: the trace is
   // lost, the run goes on.
   void write() const;
@@ -50,6 +56,9 @@ class TraceRecorder {
   int rank_;
   Clock::time_point origin_ = Clock::now();
   nlohmann::json events_ = nlohmann::json::array();
+  std::vector<std::string> tracks_;  // add_on's, in first use
+  nlohmann::json slice(const std::string& name, int tid, int64_t step, Clock::time_point begin,
+                       Clock::time_point end) const;
 };
 
 // Joins the parts written by ranks 0..world-1 into one trace file at `path` and

@@ -284,6 +284,8 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   // Each of the step's micro-batches on each replica (dp * cp of them, every one the same
   // number of tokens) adds its mean loss: the step's loss is their mean.
   const int means = M * s_.grid.replicas();
+  const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
+  s_.comms.timeline->start_step(traced);  // time zero: where the executor's first mark goes
   s_.executor.train_step(fill, 1.0f / float(means), sync_.loss_total(), sync_.hooks());
   const std::size_t comm_begin = ops.mark();
   sync_.finish(cfg_.train.grad_clip);
@@ -298,7 +300,6 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto t1 = Clock::now();
 
   PipelineExecutor::ActionFn on_action;
-  const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
   if (traced)
     on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
       trace_->add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
@@ -311,6 +312,8 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     trace_->add("optimizer", step + 1, t1 - std::chrono::duration_cast<Clock::duration>(update_span),
                 t1);
   }
+  for (const comm::CommSpan& c : s_.comms.timeline->take(s_.executor.step_started()))
+    trace_->add_on(c.track, c.name, step + 1, c.begin, c.end);
   o.loss = sync_.loss_sum() / means;
   o.grad_norm = sync_.grad_norm();
   check_finite(step, o.loss, o.grad_norm);

@@ -47,6 +47,10 @@ def trace_doc():
                 events.append({"name": name, "ph": "X", "pid": 0, "tid": rank, "ts": t,
                                "dur": dur, "args": {"step": step}})
                 t += dur + 50.0
+            # Communication on a track of its own: not a row of the timeline.
+            events.append({"name": "all_reduce 0.5 MiB", "ph": "X", "pid": 0, "tid": 10000 + 64 * rank + 1,
+                           "ts": t - 600.0, "dur": 400.0,
+                           "args": {"step": step, "track": "dp(tp=0,pp=0)"}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
