@@ -36,19 +36,10 @@ class PendingAll final : public PendingOp {
   std::vector<std::unique_ptr<PendingOp>> ops_;
 };
 
-class NcclChannelWorld final : public World {
+class NcclChannelWorld final : public NcclWorldBase {
  public:
   NcclChannelWorld(std::shared_ptr<NcclContext> ctx, int size, std::vector<ChannelLane> lanes)
-      : ctx_(std::move(ctx)), size_(size), lanes_(std::move(lanes)) {}
-
-  int rank() const override { return ctx_->world_rank(); }
-  int size() const override { return size_; }
-
-  void exchange(const std::vector<Transfer>& batch) override {
-    exchange_start(batch)->wait_in_queue();
-  }
-
-  void check_progress() override { ctx_->check_progress(); }
+      : NcclWorldBase(std::move(ctx), size), lanes_(std::move(lanes)) {}
 
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
     std::vector<std::size_t> order(batch.size());
@@ -91,12 +82,6 @@ class NcclChannelWorld final : public World {
     return std::make_unique<PendingAll>(std::move(pending));
   }
 
-  void barrier() override { ctx_->host_world().barrier(); }
-
-  [[noreturn]] void abort(const std::string& message, int exit_code) override {
-    ctx_->abort(message, exit_code);
-  }
-
  private:
   const ChannelLane& find(const Transfer& t) const {
     PPTRAIN_CHECK(t.kind == Transfer::Send || t.kind == Transfer::Recv, "exchange: bad kind");
@@ -108,8 +93,6 @@ class NcclChannelWorld final : public World {
                            (send ? " to" : " from") + " world rank " + std::to_string(t.peer));
   }
 
-  std::shared_ptr<NcclContext> ctx_;
-  int size_;
   std::vector<ChannelLane> lanes_;
 };
 

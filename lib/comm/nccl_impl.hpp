@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -142,6 +143,28 @@ class NcclPending final : public PendingOp {
   NcclOpInfo info_;
   const char* wait_site_;
   bool complete_ = false;
+};
+
+// What every World over an NcclContext shares: its rank and size, exchange() as
+// exchange_start() with the compute stream waiting for it, and barriers and aborts
+// through the host world.
+class NcclWorldBase : public World {
+ public:
+  NcclWorldBase(std::shared_ptr<NcclContext> ctx, int size) : ctx_(std::move(ctx)), size_(size) {}
+  int rank() const override { return ctx_->world_rank(); }
+  int size() const override { return size_; }
+  void exchange(const std::vector<Transfer>& batch) override {
+    exchange_start(batch)->wait_in_queue();
+  }
+  void check_progress() override { ctx_->check_progress(); }
+  void barrier() override { ctx_->host_world().barrier(); }
+  [[noreturn]] void abort(const std::string& message, int exit_code) override {
+    ctx_->abort(message, exit_code);
+  }
+
+ protected:
+  std::shared_ptr<NcclContext> ctx_;
+  int size_;
 };
 
 std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,

@@ -24,21 +24,12 @@
 namespace pptrain::comm::detail {
 namespace {
 
-class NcclWorld final : public World {
+class NcclWorld final : public NcclWorldBase {
  public:
   NcclWorld(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, int size, std::vector<int> members,
             cudaStream_t own_stream)
-      : ctx_(std::move(ctx)), comm_(comm), size_(size), members_(std::move(members)),
+      : NcclWorldBase(std::move(ctx), size), comm_(comm), members_(std::move(members)),
         own_stream_(own_stream) {}
-
-  int rank() const override { return ctx_->world_rank(); }
-  int size() const override { return size_; }
-
-  void exchange(const std::vector<Transfer>& batch) override {
-    exchange_start(batch)->wait_in_queue();
-  }
-
-  void check_progress() override { ctx_->check_progress(); }
 
   std::unique_ptr<PendingOp> exchange_start(const std::vector<Transfer>& batch) override {
     for (const Transfer& t : batch) check_transfer(t);
@@ -73,12 +64,6 @@ class NcclWorld final : public World {
         own_stream_ ? "compute-after-exchange" : "compute-after-collective");
   }
 
-  void barrier() override { ctx_->host_world().barrier(); }
-
-  [[noreturn]] void abort(const std::string& message, int exit_code) override {
-    ctx_->abort(message, exit_code);
-  }
-
  private:
   void check_transfer(const Transfer& t) const {
     PPTRAIN_CHECK(t.kind == Transfer::Send || t.kind == Transfer::Recv, "exchange: bad kind");
@@ -96,9 +81,7 @@ class NcclWorld final : public World {
     return int(std::find(members_.begin(), members_.end(), world_rank) - members_.begin());
   }
 
-  std::shared_ptr<NcclContext> ctx_;
   ncclComm_t comm_;  // owned by ctx_
-  int size_;
   std::vector<int> members_;  // world rank by communicator rank
   cudaStream_t own_stream_;   // null: the compute stream
 };
