@@ -17,12 +17,15 @@ namespace {
 constexpr int kFirstChannelTag = 16;
 
 // The NCCL twin of a host group: same name and members, which must be the grid's.
+// `beside`: the group gets a stream of its own for its *_beside collectives.
 std::unique_ptr<Group> twin(const std::shared_ptr<detail::NcclContext>& ctx, const Group& host,
-                            const std::vector<int>& members, int tag) {
+                            const std::vector<int>& members, int tag, bool beside = false) {
   PPTRAIN_CHECK(host.world_ranks() == members,
                 "add_nccl_comms: " + host.name() + " does not match the rank grid");
   ncclComm_t comm = ctx->add_comm(members, host.name(), tag);
-  return detail::make_nccl_group(ctx, comm, host.name(), members);
+  const detail::NcclOpInfo info{"start-up", host.name(), {detail::join_ranks(members), members}};
+  return detail::make_nccl_group(ctx, comm, host.name(), members,
+                                 beside ? ctx->new_stream(info) : nullptr);
 }
 
 }  // namespace
@@ -47,7 +50,7 @@ void add_nccl_comms(Comms& comms, const RankGrid& grid, void* compute_stream,
   auto device = std::make_unique<DeviceComms>();
   device->world = detail::make_nccl_world(
       ctx, ctx->add_comm(detail::every_rank(size), "world", 0), size, detail::every_rank(size));
-  device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1);
+  device->tp = twin(ctx, *comms.tp, grid.tp_group(rank), 1, grid.tp() > 1);
   device->dp = twin(ctx, *comms.dp, grid.replica_group(rank), 2);
   device->pp = twin(ctx, *comms.pp, grid.pp_group(rank), 4);
   if (has_embedding) device->embedding = twin(ctx, *comms.embedding, grid.embedding_group(rank), 3);

@@ -1,8 +1,10 @@
 // Collectives of one NCCL communicator on arrays in GPU memory. Each is queued on the
 // compute stream, after the work already there and before the work queued later; the
 // host does not wait. The *_start collectives run on the context's own stream instead,
-// so gradient reduction overlaps the backward pass; their wait() is watched, and their
-// wait_in_queue() leaves the host free.
+// so gradient reduction overlaps the backward pass, and the *_beside ones on the group's
+// own stream (the tensor-parallel group's: its input gradients travel while the weight
+// gradients are computed); their wait() is watched, and their wait_in_queue() leaves the
+// host free.
 #include <algorithm>
 #include <cstddef>
 #include <utility>
@@ -20,8 +22,9 @@ ncclDataType_t nccl_type(DType dtype) { return dtype == DType::F32 ? ncclFloat32
 class NcclGroup final : public Group {
  public:
   NcclGroup(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, std::string name,
-            std::vector<int> members)
-      : ctx_(std::move(ctx)), comm_(comm), name_(std::move(name)), members_(std::move(members)) {
+            std::vector<int> members, cudaStream_t beside)
+      : ctx_(std::move(ctx)), comm_(comm), name_(std::move(name)), members_(std::move(members)),
+        beside_(beside ? beside : ctx_->comm_stream()) {
     const auto it = std::find(members_.begin(), members_.end(), ctx_->world_rank());
     PPTRAIN_CHECK(it != members_.end(), name_ + ": rank is not in its own group");
     rank_ = static_cast<int>(it - members_.begin());
@@ -102,21 +105,47 @@ class NcclGroup final : public Group {
     }, n);
   }
 
+  std::unique_ptr<PendingOp> all_reduce_beside(void* data, std::size_t n, DType dtype) override {
+    return start_on(beside_, kBeside, "all_reduce_beside", [&](cudaStream_t side) {
+      return ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, comm_, side);
+    }, n);
+  }
+  std::unique_ptr<PendingOp> reduce_scatter_beside(const void* send, void* recv,
+                                                   std::size_t recv_count, DType dtype) override {
+    PPTRAIN_CHECK(send != recv, name_ + ": reduce_scatter_beside is out of place");
+    return start_on(beside_, kBeside, "reduce_scatter_beside", [&](cudaStream_t side) {
+      return ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, side);
+    }, recv_count);
+  }
+
  private:
-  // Queues `call` on the context's communication stream after the work already on the
-  // compute stream (which produced its data); returns the op, watched from then on.
+  // A stream beside compute and its two stream_wait sites: the operation after the
+  // compute stream's earlier work, and the compute stream's later work after it.
+  struct Sites {
+    const char* ready;
+    const char* done;
+  };
+  static constexpr Sites kSide{"collective-after-compute", "compute-after-collective"};
+  static constexpr Sites kBeside{"sum-after-compute", "compute-after-sum"};
+
   template <class Call>
   std::unique_ptr<PendingOp> start_on_side(const char* name, Call&& call, std::size_t n) {
+    return start_on(ctx_->comm_stream(), kSide, name, std::forward<Call>(call), n);
+  }
+  // Queues `call` on `side` after the work already on the compute stream (which produced
+  // its data); returns the op, watched from then on.
+  template <class Call>
+  std::unique_ptr<PendingOp> start_on(cudaStream_t side, Sites sites, const char* name, Call&& call,
+                                      std::size_t n) {
     NcclOpInfo op = info(name);
-    const cudaStream_t side = ctx_->comm_stream();
     cudaEvent_t ready = ctx_->record(ctx_->compute_stream(), op);
-    ctx_->stream_wait("collective-after-compute", side, ready, op);
+    ctx_->stream_wait(sites.ready, side, ready, op);
     ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
     cudaEvent_t begin = ctx_->begin_span(side, op);
     if (n > 0) ctx_->check(call(side), name, op);
     ctx_->end_span(begin, side, name_, name, op);
     cudaEvent_t done = ctx_->record(side, op);
-    return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op));
+    return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op), sites.done);
   }
   cudaStream_t stream() const { return ctx_->compute_stream(); }
   NcclOpInfo info(const char* op) const { return {op, name_, peers_}; }
@@ -127,13 +156,16 @@ class NcclGroup final : public Group {
   std::vector<int> members_;
   Awaited peers_;  // the members, for messages
   int rank_ = 0;
+  cudaStream_t beside_;  // the *_beside collectives' stream
 };
 
 }  // namespace
 
 std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
-                                       std::string name, std::vector<int> members) {
-  return std::make_unique<NcclGroup>(std::move(ctx), comm, std::move(name), std::move(members));
+                                       std::string name, std::vector<int> members,
+                                       cudaStream_t beside) {
+  return std::make_unique<NcclGroup>(std::move(ctx), comm, std::move(name), std::move(members),
+                                     beside);
 }
 
 }  // namespace pptrain::comm::detail

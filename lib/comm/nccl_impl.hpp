@@ -167,8 +167,11 @@ class NcclWorldBase : public World {
   int size_;
 };
 
+// `beside`: the stream of the group's *_beside collectives (null: the context's
+// communication stream, which the *_start ones use).
 std::unique_ptr<Group> make_nccl_group(std::shared_ptr<NcclContext> ctx, ncclComm_t comm,
-                                       std::string name, std::vector<int> members);
+                                       std::string name, std::vector<int> members,
+                                       cudaStream_t beside = nullptr);
 // Point-to-point over `comm`, whose rank i is world rank members[i] (of `size`), with
 // peers named by world rank. On the compute stream; or, given a stream of its own,
 // there after the compute stream's earlier work (site "exchange-after-compute"), and

@@ -21,14 +21,18 @@ struct ActivationPolicy {
   // W runs right after B for every micro-batch (gpipe, 1f1b, interleaved): layers that
   // are fully recomputed then run B and W together, layer by layer, from one workspace.
   bool weight_follows_input = true;
+  // tp > 1 with parallel.overlap: where W follows B, each layer's W runs inside its B,
+  // beside the tensor-parallel sums of its input gradients.
+  bool overlap_tensor_parallel = false;
 
   Recompute mode_of(int local_layer) const {
     return recompute_layers == 0 || local_layer < recompute_layers ? recompute : Recompute::None;
   }
-  // Whether a chunk of `layers` layers runs each layer's W inside its B (it has fully
-  // recomputed layers and W follows B).
+  // Whether a chunk of `layers` layers runs each layer's W inside its B (W follows B, and
+  // it has fully recomputed layers or overlaps the tensor-parallel sums).
   bool fused_backward(int layers) const {
-    return weight_follows_input && layers > 0 && mode_of(0) == Recompute::Full;
+    return weight_follows_input && layers > 0 &&
+           (mode_of(0) == Recompute::Full || overlap_tensor_parallel);
   }
 };
 

@@ -30,7 +30,7 @@ DecoderModel::DecoderModel(const ModelConfig& model, int batch, ops::Ops& ops,
       ops_(ops),
       dt_(ops.compute_dtype()),
       tp_(tp, ops.compute_dtype(), part.tp_size, part.tp_rank, policy.sequence_parallel,
-          batch * T_),
+          batch * T_, policy.overlap_tensor_parallel),
       layout_(param_layout(model, part)),
       params_(master == Master::InModel
                   ? ops::Buffer::zeroed(ops, layout_.total_floats() * sizeof(float), "the parameter arena")
@@ -216,11 +216,8 @@ void DecoderModel::backward_input(int chunk, Set& set, const LayerFn& layer_done
     const int i = l - c.layer_begin;
     LayerView v = layer_view(a, i, Pass::Input);
     recompute(l, i, v);
-    layer_backward_input(l, v);
-    if (fused) {
-      layer_backward_weight(l, v);
-      if (layer_done) layer_done(l);
-    }
+    layer_backward_input(l, v, fused);
+    if (fused && layer_done) layer_done(l);
   }
   give_back(a, Lifetime::UntilB);
   if (fused) {

@@ -145,8 +145,12 @@ class DecoderModel : public Model {
   // One layer's buffers for one pass, resolved through the chunk's layout.
   struct LayerView;
   // The arch's layer passes (backward_input's first reads v.dout, and leaves dL/dx in v.dx).
+  // With `with_weights`, backward_input also computes what backward_weight would, the weight
+  // gradients of each half of the layer while that half's input gradient is summed over
+  // tp (Megatron's overlap of the column-parallel input gradient's all-reduce or
+  // reduce-scatter with the weight-gradient GEMMs).
   virtual void layer_forward(int layer, const LayerView& v) = 0;
-  virtual void layer_backward_input(int layer, const LayerView& v) = 0;
+  virtual void layer_backward_input(int layer, const LayerView& v, bool with_weights) = 0;
   virtual void layer_backward_weight(int layer, const LayerView& v) = 0;
   // The final norm on `rows` rows (mean null when the norm keeps none), its input
   // gradient (dinp += ...) and its weight gradients.

@@ -84,7 +84,7 @@ void GptModel::layer_forward(int l, const LayerView& v) {
   ops_.add(v.out, v.out, v.res2, NhC);
 }
 
-void GptModel::layer_backward_input(int l, const LayerView& v) {
+void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
   const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_weights(l);
@@ -93,7 +93,10 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   ops_.linear_backward_input(v.dfch, dout, w.fcproj_w, v.fch, N, 4 * Cl, C);
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
   ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
-  tp_.reduce(dln2, v.dln2, C);  // column-parallel input gradient
+  const ops::Act* ln2 = with_weights ? tp_.gather(v.ln2, v.ln2_gathered, C) : nullptr;
+  tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
+    if (with_weights) mlp_weight_grads(l, v, ln2);
+  });
   ops_.copy(v.dres2, v.dout, held_bytes);
   ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, Nh, C);
   // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
@@ -103,28 +106,48 @@ void GptModel::layer_backward_input(int l, const LayerView& v) {
   attention_backward(v, datty);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
-  tp_.reduce(dln1, v.dln1, C);  // column-parallel input gradient
+  const ops::Act* ln1 = with_weights ? tp_.gather(v.ln1, v.ln1_gathered, C) : nullptr;
+  tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
+    if (with_weights) attention_weight_grads(l, v, ln1);
+  });
   ops_.copy(v.dx, v.dres2, held_bytes);
   ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh, C);
+  if (with_weights) norm_weight_grads(l, v);
 }
 
 // LayerNorm gradients cover the held rows; under sequence parallelism GradSync sums them
 // over tp. The row-parallel biases' gradients come from the gathered output gradients,
 // so they are whole on every rank.
 void GptModel::layer_backward_weight(int l, const LayerView& v) {
-  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  mlp_weight_grads(l, v, tp_.gather(v.ln2, v.ln2_gathered, C_));
+  attention_weight_grads(l, v, tp_.gather(v.ln1, v.ln1_gathered, C_));
+  norm_weight_grads(l, v);
+}
+
+void GptModel::mlp_weight_grads(int l, const LayerView& v, const ops::Act* ln2) {
+  const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
   const auto g = layer_grads(l);
   const ops::Act* dout = tp_.gathered(v.dout, v.dout_gathered);
   ops_.linear_weight_grad(g.fcproj_w, v.fch_gelu, dout, N, 4 * Cl, C);
   ops_.bias_backward(g.fcproj_b, dout, N, C);
-  ops_.linear_weight_grad(g.fc_w, tp_.gather(v.ln2, v.ln2_gathered, C), v.dfch, N, C, 4 * Cl);
+  ops_.linear_weight_grad(g.fc_w, ln2, v.dfch, N, C, 4 * Cl);
   ops_.bias_backward(g.fc_b, v.dfch, N, 4 * Cl);
-  ops_.layernorm_backward_weight(g.ln2_w, g.ln2_b, v.dln2, v.res2, v.ln2_mean, v.ln2_rstd, Nh, C);
+}
+
+void GptModel::attention_weight_grads(int l, const LayerView& v, const ops::Act* ln1) {
+  const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
+  const auto g = layer_grads(l);
   const ops::Act* dres2 = tp_.gathered(v.dres2, v.dres2_gathered);
   ops_.linear_weight_grad(g.proj_w, v.atty, dres2, N, Cl, C);
   ops_.bias_backward(g.proj_b, dres2, N, C);
-  ops_.linear_weight_grad(g.qkv_w, tp_.gather(v.ln1, v.ln1_gathered, C), v.dqkv, N, C, 3 * Cl);
+  ops_.linear_weight_grad(g.qkv_w, ln1, v.dqkv, N, C, 3 * Cl);
   ops_.bias_backward(g.qkv_b, v.dqkv, N, 3 * Cl);
+}
+
+void GptModel::norm_weight_grads(int l, const LayerView& v) {
+  const int Nh = tp_.rows_held(), C = C_;
+  const auto g = layer_grads(l);
+  ops_.layernorm_backward_weight(g.ln2_w, g.ln2_b, v.dln2, v.res2, v.ln2_mean, v.ln2_rstd, Nh, C);
   ops_.layernorm_backward_weight(g.ln1_w, g.ln1_b, v.dln1, v.x, v.ln1_mean, v.ln1_rstd, Nh, C);
 }
 

@@ -29,8 +29,13 @@ class GptModel : public DecoderModel {
   LayerTensors<float*> layer_grads(int layer);
 
   void layer_forward(int layer, const LayerView& v) override;
-  void layer_backward_input(int layer, const LayerView& v) override;
+  void layer_backward_input(int layer, const LayerView& v, bool with_weights) override;
   void layer_backward_weight(int layer, const LayerView& v) override;
+  // layer_backward_weight's parts: the MLP's and the attention's weights, from the
+  // gathered norm outputs they read, and the norms'.
+  void mlp_weight_grads(int layer, const LayerView& v, const ops::Act* ln2);
+  void attention_weight_grads(int layer, const LayerView& v, const ops::Act* ln1);
+  void norm_weight_grads(int layer, const LayerView& v);
   void final_norm_forward(ops::Act* out, float* mean, float* rstd, const ops::Act* inp,
                           int rows) override;
   void final_norm_backward_input(ops::Act* dinp, const ops::Act* dout, const ops::Act* inp,

@@ -89,7 +89,7 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
   ops_.add(v.out, v.out, v.res2, NhC);
 }
 
-void LlamaModel::layer_backward_input(int l, const LayerView& v) {
+void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
   const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_tensors<const ops::Act*>(l, weights());
@@ -99,7 +99,10 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v) {
   ops_.swiglu_backward(v.dfch, v.dfch_act, v.fch, N, Fl_);
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
   ops_.gemm(false, false, N, C, 2 * Fl_, 1.0f, v.dfch, w.gate_up, 0.0f, dln2);
-  tp_.reduce(dln2, v.dln2, C);  // column-parallel input gradient
+  const ops::Act* ln2 = with_weights ? tp_.gather(v.ln2, v.ln2_gathered, C) : nullptr;
+  tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
+    if (with_weights) mlp_weight_grads(l, v, ln2);
+  });
   ops_.copy(v.dres2, v.dout, held_bytes);
   ops_.rmsnorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
   // Attention; q and k are rotated back after the attention's backward.
@@ -110,23 +113,43 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v) {
   rope(v.dqkv, true);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);
-  tp_.reduce(dln1, v.dln1, C);  // column-parallel input gradient
+  const ops::Act* ln1 = with_weights ? tp_.gather(v.ln1, v.ln1_gathered, C) : nullptr;
+  tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
+    if (with_weights) attention_weight_grads(l, v, ln1);
+  });
   ops_.copy(v.dx, v.dres2, held_bytes);
   ops_.rmsnorm_backward_input(v.dx, v.dln1, v.x, w.ln1, v.ln1_rstd, Nh, C);
+  if (with_weights) norm_weight_grads(l, v);
 }
 
 // The RMSNorm gradients cover the held rows; under sequence parallelism GradSync sums
 // them over tp. Weight gradients of (out, in) weights: dW += dout^T @ inp.
 void LlamaModel::layer_backward_weight(int l, const LayerView& v) {
-  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  mlp_weight_grads(l, v, tp_.gather(v.ln2, v.ln2_gathered, C_));
+  attention_weight_grads(l, v, tp_.gather(v.ln1, v.ln1_gathered, C_));
+  norm_weight_grads(l, v);
+}
+
+void LlamaModel::mlp_weight_grads(int l, const LayerView& v, const ops::Act* ln2) {
+  const int N = B_ * T_, C = C_;
   const auto g = layer_tensors<float*>(l, grads());
   const ops::Act* dout = tp_.gathered(v.dout, v.dout_gathered);
   ops_.linear_weight_grad(g.down, dout, v.fch_gelu, N, C, Fl_);
-  ops_.linear_weight_grad(g.gate_up, v.dfch, tp_.gather(v.ln2, v.ln2_gathered, C), N, 2 * Fl_, C);
-  ops_.rmsnorm_backward_weight(g.ln2, v.dln2, v.res2, v.ln2_rstd, Nh, C);
+  ops_.linear_weight_grad(g.gate_up, v.dfch, ln2, N, 2 * Fl_, C);
+}
+
+void LlamaModel::attention_weight_grads(int l, const LayerView& v, const ops::Act* ln1) {
+  const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
+  const auto g = layer_tensors<float*>(l, grads());
   const ops::Act* dres2 = tp_.gathered(v.dres2, v.dres2_gathered);
   ops_.linear_weight_grad(g.o, dres2, v.atty, N, C, Cl);
-  ops_.linear_weight_grad(g.qkv, v.dqkv, tp_.gather(v.ln1, v.ln1_gathered, C), N, W_, C);
+  ops_.linear_weight_grad(g.qkv, v.dqkv, ln1, N, W_, C);
+}
+
+void LlamaModel::norm_weight_grads(int l, const LayerView& v) {
+  const int Nh = tp_.rows_held(), C = C_;
+  const auto g = layer_tensors<float*>(l, grads());
+  ops_.rmsnorm_backward_weight(g.ln2, v.dln2, v.res2, v.ln2_rstd, Nh, C);
   ops_.rmsnorm_backward_weight(g.ln1, v.dln1, v.x, v.ln1_rstd, Nh, C);
 }
 

@@ -6,11 +6,13 @@
 namespace pptrain {
 
 TensorParallelRegions::TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size,
-                                             int tp_rank, bool sequence_parallel, int rows)
+                                             int tp_rank, bool sequence_parallel, int rows,
+                                             bool beside)
     : tp_(tp),
       dtype_(dtype),
       tp_size_(tp_size),
       sp_(sequence_parallel),
+      beside_(beside),
       rows_(rows),
       rows_held_(sequence_parallel ? rows / tp_size : rows),
       first_row_(sequence_parallel ? tp_rank * (rows / tp_size) : 0) {
@@ -34,6 +36,25 @@ void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width)
     return;
   }
   tp_->reduce_scatter(partial, held, std::size_t(rows_held_) * std::size_t(width), dtype_);
+}
+
+void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width,
+                                   const std::function<void()>& meanwhile) const {
+  if (!beside_ || tp_size_ == 1) {
+    reduce(partial, held, width);
+    if (meanwhile) meanwhile();
+    return;
+  }
+  std::unique_ptr<comm::PendingOp> sum;
+  if (!sp_) {
+    PPTRAIN_CHECK(partial == held, "without sequence parallelism the tp sum is in place");
+    sum = tp_->all_reduce_beside(held, std::size_t(rows_) * std::size_t(width), dtype_);
+  } else {
+    sum = tp_->reduce_scatter_beside(partial, held, std::size_t(rows_held_) * std::size_t(width),
+                                     dtype_);
+  }
+  if (meanwhile) meanwhile();
+  if (sum) sum->wait_in_queue();
 }
 
 void TensorParallelRegions::all_gather_in_place(ops::Act* data, std::size_t count) const {

@@ -15,6 +15,8 @@
 // of the tp group holds the r-th contiguous block of N / tp of them.
 #pragma once
 #include <cstddef>
+#include <functional>
+#include <memory>
 
 #include "comm/comm.hpp"
 #include "ops/ops.hpp"
@@ -24,8 +26,9 @@ namespace pptrain {
 class TensorParallelRegions {
  public:
   // `tp` may be null when tp_size is 1 (then there is nothing to gather or reduce).
+  // `beside`: reduce() with work to do meanwhile runs its sum beside that work.
   TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size, int tp_rank,
-                        bool sequence_parallel, int rows);
+                        bool sequence_parallel, int rows, bool beside = false);
 
   bool sequence_parallel() const { return sp_; }
   int rows() const { return rows_; }            // N: every token row of the micro-batch
@@ -45,6 +48,12 @@ class TensorParallelRegions {
   ops::Act* partial_target(ops::Act* held, ops::Act* scratch) const { return sp_ ? scratch : held; }
   // `held` = this rank's rows of the tp sum of `partial` (partial_target(held, ...)).
   void reduce(ops::Act* partial, ops::Act* held, int width) const;
+  // The same with `meanwhile` queued after the sum starts and before it is waited for:
+  // with `beside`, while it travels (on a device beside compute: Group::*_beside); else
+  // after it. What is queued later follows both. `meanwhile` must not touch `partial` or
+  // `held`.
+  void reduce(ops::Act* partial, ops::Act* held, int width,
+              const std::function<void()>& meanwhile) const;
   // `data` holds tp blocks of `count` elements; this rank's block is filled: fill all.
   void all_gather_in_place(ops::Act* data, std::size_t count) const;
   // Sum or max of fp32 statistics over the tp group (every rank holds all n).
@@ -54,7 +63,7 @@ class TensorParallelRegions {
   comm::Group* tp_;
   DType dtype_;
   int tp_size_;
-  bool sp_;
+  bool sp_, beside_;
   int rows_, rows_held_, first_row_;
 };
 

@@ -41,6 +41,8 @@ struct Shape {
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
+  // B and W run together and the input gradients' tp sums travel beside W's GEMMs.
+  bool tp_beside_weights;
   const DeviceSpec* dev;
   LinkSpec tp_link, cp_link;
 };
@@ -117,10 +119,15 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   c.backward_input = refwd + gemms + attention_backward(s) + memory_seconds(s, 2 * (rowwise + gelu), 12) +
                      tp_comm(s, 2, 2);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
-  c.backward_weight = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e) +
-                      gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e) +
-                      memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
+  const double w_attention = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e);
+  const double w_mlp = gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e);
+  c.backward_weight = w_attention + w_mlp + memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
                       (s.sp ? 2 * gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
+  // Each half's input-gradient sum hides under that half's weight-gradient GEMMs.
+  if (s.tp_beside_weights) {
+    const double sum = tp_comm(s, 1, 0);
+    c.backward_input -= std::min(sum, w_mlp) + std::min(sum, w_attention);
+  }
   return c;
 }
 
@@ -186,6 +193,8 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
   s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
+  s.tp_beside_weights = activation_policy(cfg).overlap_tensor_parallel &&
+                        weight_follows_input(p.schedule);
   s.dev = &d;
   // Rank order tp-cp-dp-pp: a tp group is tp consecutive ranks, a cp group strides tp.
   s.tp_link = link_for(cluster, 1, p.tp);

@@ -91,6 +91,7 @@ ActivationPolicy activation_policy(const Config& c) {
   p.recompute_layers = c.train.recompute_layers;
   p.sequence_parallel = c.parallel.sequence_parallel;
   p.weight_follows_input = weight_follows_input(c.parallel.schedule);
+  p.overlap_tensor_parallel = c.parallel.overlap && c.parallel.tp > 1;
   return p;
 }
 

@@ -206,7 +206,8 @@ def stream_wait_sites():
 
 # The layout that runs each cross-stream wait (dp2 unless named here).
 SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2",
-                "transfer-after-compute": "pp2_1f1b", "compute-after-transfer": "pp2_1f1b"}
+                "transfer-after-compute": "pp2_1f1b", "compute-after-transfer": "pp2_1f1b",
+                "sum-after-compute": "tp2", "compute-after-sum": "tp2"}
 
 
 def check_dropped_waits(work, failures):

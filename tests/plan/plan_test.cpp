@@ -107,6 +107,25 @@ TEST(TimeModel, RecomputationAddsForwardWork) {
   EXPECT_LT(selective, full);
 }
 
+// Tensor-parallel overlap: where B and W run together, each half of a layer's
+// input-gradient sum hides under that half's weight-gradient GEMMs, so a tp layout's
+// backward gets faster and nothing else moves; zb-h1, which runs W apart, gains nothing.
+TEST(TimeModel, TensorParallelSumsHideUnderTheWeightGradients) {
+  Config c = small_model();
+  c.parallel.tp = 4;
+  c.parallel.sequence_parallel = true;
+  const StepPrediction on = predict_step(c, gpus(1, 4));
+  c.parallel.overlap = false;
+  const StepPrediction off = predict_step(c, gpus(1, 4));
+  EXPECT_LT(on.first_stage.backward_input, off.first_stage.backward_input);
+  EXPECT_EQ(on.first_stage.forward, off.first_stage.forward);
+  EXPECT_EQ(on.first_stage.backward_weight, off.first_stage.backward_weight);
+  c.parallel.schedule = ScheduleKind::ZeroBubbleH1;
+  const double apart_off = predict_step(c, gpus(1, 4)).first_stage.backward_input;
+  c.parallel.overlap = true;
+  EXPECT_EQ(predict_step(c, gpus(1, 4)).first_stage.backward_input, apart_off);
+}
+
 TEST(TimeModel, DataParallelGroupsAcrossNodesPayTheSlowerLink) {
   Config c = small_model();
   c.parallel.dp = 2;
