@@ -16,8 +16,9 @@ bool nccl_built();
 // Adds comms.device: a World and the tp, dp, pp and embedding groups of `grid` over
 // NCCL, created on every rank in the same order, on the current CUDA device. Collectives
 // and transfers are ordered after the work already queued on `compute_stream` (a
-// cudaStream_t) and the compute stream waits for them, except all_reduce_start, which
-// runs on a stream of its own so gradient reduction overlaps the backward pass. The host
+// cudaStream_t) and the compute stream waits for them, except the *_start collectives,
+// which run on a stream of their own so gradient reduction overlaps the backward pass,
+// and the tp group's *_beside ones, on another. The host
 // does not wait for them: the watchdog watches every queued operation, from the host's
 // waits and from World::check_progress; an operation that fails, or is not complete
 // comms.timeout_s seconds after it was queued, aborts the communicators (ncclCommAbort)
