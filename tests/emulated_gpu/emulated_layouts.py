@@ -17,9 +17,10 @@ most memory any rank held is what check-config predicts, within 4 KiB. Then:
   dropped in turn, makes the emulator's race detector end a run that uses it (dp2
   unless SITE_LAYOUTS names another), naming the two stream items; no layout above
   has a race;
-- overlap: dp2, (2,2,2) and two ZeRO-1 layouts with buckets smaller than a layer give
-  the same bits with parallel.overlap: false (which also sends the pipeline's messages
-  in grouped batches instead of on their channels) as with it;
+- overlap: dp2, (2,2,2), tp2 x pp2 with SP and two ZeRO-1 layouts with buckets smaller
+  than a layer give the same bits with parallel.overlap: false (which also sends the
+  pipeline's messages in grouped batches instead of on their channels, and sums the tp
+  input gradients before the weight gradients) as with it;
 - checkpoints: a CUDA-path run saved at step 2 resumes on the CUDA path bit-identically
   to the run that did not stop, and reshards onto the CPU backend in another layout; so
   does a ZeRO-1 run in bf16, which gathers only the weight copy during training;
@@ -239,8 +240,11 @@ def check_dropped_waits(work, failures):
 
 
 def check_overlap(work, failures):
-    """parallel.overlap: false reduces after the backward pass: the same bits."""
+    """parallel.overlap: false reduces after the backward pass, sends the pipeline's
+    messages in grouped batches and sums tp input gradients before the weight gradients:
+    the same bits."""
     for name, precision in (("dp2", "fp32"), ("tp2_pp2_dp2", "fp32"), ("dp2_zero1_buckets", "fp32"),
+                            ("tp2_pp2_sp_selective", "bf16"),
                             ("pp2_dp2_interleaved_zero1_buckets", "fp32"),
                             ("pp2_dp2_interleaved_zero1_buckets", "bf16")):
         tp, pp, dp, mb, extra = LAYOUTS[name]
