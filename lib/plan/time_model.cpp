@@ -41,7 +41,7 @@ struct Shape {
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
-  // B and W run together and the input gradients' tp sums travel beside W's GEMMs.
+  // B and W run together and the input gradients' tp sums travel beside W's GEMMs (GPUs).
   bool tp_beside_weights;
   const DeviceSpec* dev;
   LinkSpec tp_link, cp_link;
@@ -193,7 +193,9 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
   s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
-  s.tp_beside_weights = activation_policy(cfg).overlap_tensor_parallel &&
+  // On CPU ranks the sums complete before the weight gradients start (MPI progresses
+  // only inside its calls): nothing hides.
+  s.tp_beside_weights = !d.cpu && activation_policy(cfg).overlap_tensor_parallel &&
                         weight_follows_input(p.schedule);
   s.dev = &d;
   // Rank order tp-cp-dp-pp: a tp group is tp consecutive ranks, a cp group strides tp.
