@@ -47,8 +47,9 @@ class MpiWorld final : public World {
                     "MPI_Isend", info);
       }
     }
-    std::string what;
-    for (const Transfer& t : batch) what += (what.empty() ? "" : ", ") + describe(t);
+    std::string what;  // for the trace, only while it records
+    if (shared_.timeline->on())
+      for (const Transfer& t : batch) what += (what.empty() ? "" : ", ") + describe(t);
     return std::make_unique<MpiPending>(std::move(requests), std::move(info),
                                         timed(shared_.timeline, "messages", what));
   }

@@ -73,7 +73,7 @@ class NcclChannelWorld final : public NcclWorldBase {
         ctx_->check(ncclSend(t.data, t.bytes, ncclUint8, 1, lane.comm, lane.stream), "ncclSend", info);
       else
         ctx_->check(ncclRecv(t.data, t.bytes, ncclUint8, 0, lane.comm, lane.stream), "ncclRecv", info);
-      ctx_->end_span(begin, lane.stream, lane.name, describe(t), info);
+      if (begin) ctx_->end_span(begin, lane.stream, lane.name, describe(t), info);
     }
     std::vector<std::unique_ptr<PendingOp>> pending;
     for (const ChannelLane* lane : used)

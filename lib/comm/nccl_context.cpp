@@ -198,7 +198,6 @@ cudaEvent_t NcclContext::begin_span(cudaStream_t stream, const NcclOpInfo& info)
 
 void NcclContext::end_span(cudaEvent_t begin, cudaStream_t stream, std::string track,
                            std::string name, const NcclOpInfo& info) {
-  if (!begin) return;
   cudaEvent_t end = begin_span(stream, info);
   spans_.push_back({std::move(track), std::move(name), begin, end});
 }

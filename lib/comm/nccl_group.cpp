@@ -143,7 +143,7 @@ class NcclGroup final : public Group {
     ctx_->check(cudaEventDestroy(ready), "cudaEventDestroy", op);  // the wait is queued
     cudaEvent_t begin = ctx_->begin_span(side, op);
     if (n > 0) ctx_->check(call(side), name, op);
-    ctx_->end_span(begin, side, name_, name, op);
+    if (begin) ctx_->end_span(begin, side, name_, name, op);
     cudaEvent_t done = ctx_->record(side, op);
     return std::make_unique<NcclPending>(ctx_, comm_, done, std::move(op), sites.done);
   }

@@ -57,7 +57,7 @@ class NcclWorld final : public NcclWorldBase {
         ctx_->check(ncclRecv(t.data, t.bytes, ncclUint8, peer, comm_, stream), "ncclRecv", info);
     }
     ctx_->check(ncclGroupEnd(), "ncclGroupEnd", info);
-    ctx_->end_span(begin, stream, "cp ring", "exchange", info);
+    if (begin) ctx_->end_span(begin, stream, "cp ring", "exchange", info);
     cudaEvent_t done = ctx_->record(stream, info);
     return std::make_unique<NcclPending>(
         ctx_, comm_, done, std::move(info),

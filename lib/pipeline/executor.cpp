@@ -48,8 +48,8 @@ std::vector<comm::PipelineChannel> pipeline_channels(const Placement& placement,
         const int next = message_peer(placement, s, {Op::SendForward, 0, c}).stage;
         if (next == s) continue;  // a local copy
         for (const comm::PipelineChannel& ch :
-             {comm::PipelineChannel{ranks[size_t(s)], ranks[size_t(next)], 0},
-              comm::PipelineChannel{ranks[size_t(next)], ranks[size_t(s)], 1}})
+             {comm::PipelineChannel{ranks[size_t(s)], ranks[size_t(next)], kActivationChannel},
+              comm::PipelineChannel{ranks[size_t(next)], ranks[size_t(s)], kGradientChannel}})
           if (std::find(out.begin(), out.end(), ch) == out.end()) out.push_back(ch);
       }
   return out;
@@ -140,20 +140,19 @@ comm::Transfer PipelineExecutor::transfer(const Action& a) {
   auto part = [offset = offset](ops::Act* boundary) {
     return static_cast<std::byte*>(static_cast<void*>(boundary)) + offset;
   };
-  // The channel is the message's kind: activations 0, gradients 1 (MessageMode::Channels).
   switch (a.op) {
     case Op::RecvForward:
       return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, a.chunk, false), 0};
+              tag(a.microbatch, a.chunk, false), kActivationChannel};
     case Op::RecvBackward:
       return {comm::Transfer::Recv, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, a.chunk, true), 1};
+              tag(a.microbatch, a.chunk, true), kGradientChannel};
     case Op::SendForward:
       return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, peer.chunk, false), 0};
+              tag(a.microbatch, peer.chunk, false), kActivationChannel};
     case Op::SendBackward:
       return {comm::Transfer::Send, rank, part(boundary(a)), bytes,
-              tag(a.microbatch, peer.chunk, true), 1};
+              tag(a.microbatch, peer.chunk, true), kGradientChannel};
     default:
       throw std::logic_error("transfer: not a send or receive");
   }

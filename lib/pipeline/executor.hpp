@@ -32,10 +32,12 @@ ModelPartition pipeline_partition(const ModelConfig& model, const Placement& pla
                                   int tp_size, int tp_rank,
                                   const std::vector<int>& layers_per_stage = {});
 
+// The channel of each kind of pipeline message (Transfer::channel, MessageMode::Channels).
+inline constexpr int kActivationChannel = 0, kGradientChannel = 1;
+
 // Every channel the executor's messages travel on (MessageMode::Channels), for the
 // pipelines `pipelines` (world ranks by stage, each): from each stage to the stage of
-// the next virtual stage, channel 0, activations; back, channel 1, gradients. In one
-// order on every rank.
+// the next virtual stage, activations; back, gradients. In one order on every rank.
 std::vector<comm::PipelineChannel> pipeline_channels(const Placement& placement,
                                                      const std::vector<std::vector<int>>& pipelines);
 
