@@ -74,11 +74,13 @@ class Group {
   std::unique_ptr<PendingOp> all_gather_start(float* data, std::size_t n) {
     return all_gather_start(data, n, DType::F32);
   }
-  // all_reduce(data, n, dtype) and reduce_scatter(send, recv, recv_count, dtype) that the
-  // caller works beside: on a device they run on a stream of the group's own, after the
-  // compute stream's earlier work, and wait_in_queue() orders what follows after them;
-  // here they complete before returning (null: nothing to wait for). The tensor-parallel
-  // input gradients, summed while the weight gradients are computed.
+  // all_reduce(data, n, dtype), reduce_scatter(send, recv, recv_count, dtype) and
+  // all_gather(send, recv, send_count, dtype) that the caller works beside: on a device
+  // they run on a stream of the group's own, after the compute stream's earlier work, and
+  // wait_in_queue() orders what follows after them; here they complete before returning
+  // (null: nothing to wait for). The tensor-parallel input gradients, summed while the
+  // weight gradients are computed, and the norms' outputs, gathered again for those
+  // weight gradients while the input gradients are computed.
   virtual std::unique_ptr<PendingOp> all_reduce_beside(void* data, std::size_t n, DType dtype) {
     all_reduce(data, n, dtype);
     return nullptr;
@@ -86,6 +88,11 @@ class Group {
   virtual std::unique_ptr<PendingOp> reduce_scatter_beside(const void* send, void* recv,
                                                            std::size_t recv_count, DType dtype) {
     reduce_scatter(send, recv, recv_count, dtype);
+    return nullptr;
+  }
+  virtual std::unique_ptr<PendingOp> all_gather_beside(const void* send, void* recv,
+                                                       std::size_t send_count, DType dtype) {
+    all_gather(send, recv, send_count, dtype);
     return nullptr;
   }
 

@@ -3,8 +3,8 @@
 // host does not wait. The *_start collectives run on the context's own stream instead,
 // so gradient reduction overlaps the backward pass, and the *_beside ones on the group's
 // own stream (the tensor-parallel group's: its input gradients travel while the weight
-// gradients are computed); their wait() is watched, and their wait_in_queue() leaves the
-// host free.
+// gradients are computed, and the norms' outputs while the input gradients are); their
+// wait() is watched, and their wait_in_queue() leaves the host free.
 #include <algorithm>
 #include <cstddef>
 #include <utility>
@@ -106,16 +106,22 @@ class NcclGroup final : public Group {
   }
 
   std::unique_ptr<PendingOp> all_reduce_beside(void* data, std::size_t n, DType dtype) override {
-    return start_on(beside_, kBeside, "all_reduce_beside", [&](cudaStream_t side) {
+    return start_on(beside_, kSum, "all_reduce_beside", [&](cudaStream_t side) {
       return ncclAllReduce(data, data, n, nccl_type(dtype), ncclSum, comm_, side);
     }, n);
   }
   std::unique_ptr<PendingOp> reduce_scatter_beside(const void* send, void* recv,
                                                    std::size_t recv_count, DType dtype) override {
     PPTRAIN_CHECK(send != recv, name_ + ": reduce_scatter_beside is out of place");
-    return start_on(beside_, kBeside, "reduce_scatter_beside", [&](cudaStream_t side) {
+    return start_on(beside_, kSum, "reduce_scatter_beside", [&](cudaStream_t side) {
       return ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, side);
     }, recv_count);
+  }
+  std::unique_ptr<PendingOp> all_gather_beside(const void* send, void* recv,
+                                               std::size_t send_count, DType dtype) override {
+    return start_on(beside_, kGather, "all_gather_beside", [&](cudaStream_t side) {
+      return ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, side);
+    }, send_count);
   }
 
  private:
@@ -126,7 +132,8 @@ class NcclGroup final : public Group {
     const char* done;
   };
   static constexpr Sites kSide{"collective-after-compute", "compute-after-collective"};
-  static constexpr Sites kBeside{"sum-after-compute", "compute-after-sum"};
+  static constexpr Sites kSum{"sum-after-compute", "compute-after-sum"};
+  static constexpr Sites kGather{"gather-after-compute", "compute-after-gather"};
 
   template <class Call>
   std::unique_ptr<PendingOp> start_on_side(const char* name, Call&& call, std::size_t n) {

@@ -89,11 +89,17 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_weights(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
+  // With the weights, ln2 is gathered again while the input gradients are computed, and
+  // the input gradient summed while the weight gradients are.
   const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
-  ops_.linear_backward_input(v.dfch, dout, w.fcproj_w, v.fch, N, 4 * Cl, C);
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
-  ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
-  const ops::Act* ln2 = with_weights ? tp_.gather(v.ln2, v.ln2_gathered, C) : nullptr;
+  auto mlp_input_grads = [&] {
+    ops_.linear_backward_input(v.dfch, dout, w.fcproj_w, v.fch, N, 4 * Cl, C);
+    ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
+  };
+  const ops::Act* ln2 = nullptr;
+  if (with_weights) ln2 = tp_.gather(v.ln2, v.ln2_gathered, C, mlp_input_grads);
+  else mlp_input_grads();
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
@@ -101,12 +107,16 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, Nh, C);
   // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
   const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
-  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
-  ops_.gemm(false, true, N, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, datty);
-  attention_backward(v, datty);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
-  ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
-  const ops::Act* ln1 = with_weights ? tp_.gather(v.ln1, v.ln1_gathered, C) : nullptr;
+  auto attention_input_grads = [&] {
+    ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+    ops_.gemm(false, true, N, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, datty);
+    attention_backward(v, datty);
+    ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
+  };
+  const ops::Act* ln1 = nullptr;
+  if (with_weights) ln1 = tp_.gather(v.ln1, v.ln1_gathered, C, attention_input_grads);
+  else attention_input_grads();
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
@@ -118,9 +128,12 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
 // LayerNorm gradients cover the held rows; under sequence parallelism GradSync sums them
 // over tp. The row-parallel biases' gradients come from the gathered output gradients,
 // so they are whole on every rank.
+// ln1 is gathered while the MLP's weight gradients are computed.
 void GptModel::layer_backward_weight(int l, const LayerView& v) {
-  mlp_weight_grads(l, v, tp_.gather(v.ln2, v.ln2_gathered, C_));
-  attention_weight_grads(l, v, tp_.gather(v.ln1, v.ln1_gathered, C_));
+  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C_);
+  const ops::Act* ln1 =
+      tp_.gather(v.ln1, v.ln1_gathered, C_, [&] { mlp_weight_grads(l, v, ln2); });
+  attention_weight_grads(l, v, ln1);
   norm_weight_grads(l, v);
 }
 

@@ -94,12 +94,18 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_tensors<const ops::Act*>(l, weights());
   // MLP.
+  // With the weights, ln2 is gathered again while the input gradients are computed, and
+  // the input gradient summed while the weight gradients are.
   const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
-  ops_.gemm(false, false, N, Fl_, C, 1.0f, dout, w.down, 0.0f, v.dfch_act);
-  ops_.swiglu_backward(v.dfch, v.dfch_act, v.fch, N, Fl_);
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
-  ops_.gemm(false, false, N, C, 2 * Fl_, 1.0f, v.dfch, w.gate_up, 0.0f, dln2);
-  const ops::Act* ln2 = with_weights ? tp_.gather(v.ln2, v.ln2_gathered, C) : nullptr;
+  auto mlp_input_grads = [&] {
+    ops_.gemm(false, false, N, Fl_, C, 1.0f, dout, w.down, 0.0f, v.dfch_act);
+    ops_.swiglu_backward(v.dfch, v.dfch_act, v.fch, N, Fl_);
+    ops_.gemm(false, false, N, C, 2 * Fl_, 1.0f, v.dfch, w.gate_up, 0.0f, dln2);
+  };
+  const ops::Act* ln2 = nullptr;
+  if (with_weights) ln2 = tp_.gather(v.ln2, v.ln2_gathered, C, mlp_input_grads);
+  else mlp_input_grads();
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
@@ -107,13 +113,17 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   ops_.rmsnorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
   // Attention; q and k are rotated back after the attention's backward.
   const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
-  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
-  ops_.gemm(false, false, N, Cl, C, 1.0f, dres2, w.o, 0.0f, datty);
-  attention_backward(v, datty);
-  rope(v.dqkv, true);
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
-  ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);
-  const ops::Act* ln1 = with_weights ? tp_.gather(v.ln1, v.ln1_gathered, C) : nullptr;
+  auto attention_input_grads = [&] {
+    ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+    ops_.gemm(false, false, N, Cl, C, 1.0f, dres2, w.o, 0.0f, datty);
+    attention_backward(v, datty);
+    rope(v.dqkv, true);
+    ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);
+  };
+  const ops::Act* ln1 = nullptr;
+  if (with_weights) ln1 = tp_.gather(v.ln1, v.ln1_gathered, C, attention_input_grads);
+  else attention_input_grads();
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
@@ -124,9 +134,12 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
 
 // The RMSNorm gradients cover the held rows; under sequence parallelism GradSync sums
 // them over tp. Weight gradients of (out, in) weights: dW += dout^T @ inp.
+// ln1 is gathered while the MLP's weight gradients are computed.
 void LlamaModel::layer_backward_weight(int l, const LayerView& v) {
-  mlp_weight_grads(l, v, tp_.gather(v.ln2, v.ln2_gathered, C_));
-  attention_weight_grads(l, v, tp_.gather(v.ln1, v.ln1_gathered, C_));
+  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C_);
+  const ops::Act* ln1 =
+      tp_.gather(v.ln1, v.ln1_gathered, C_, [&] { mlp_weight_grads(l, v, ln2); });
+  attention_weight_grads(l, v, ln1);
   norm_weight_grads(l, v);
 }
 

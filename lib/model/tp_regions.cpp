@@ -28,6 +28,19 @@ const ops::Act* TensorParallelRegions::gather(const ops::Act* held, ops::Act* fu
   return full;
 }
 
+const ops::Act* TensorParallelRegions::gather(const ops::Act* held, ops::Act* full, int width,
+                                              const std::function<void()>& meanwhile) const {
+  if (!sp_ || !beside_) {
+    const ops::Act* gathered = gather(held, full, width);
+    if (meanwhile) meanwhile();
+    return gathered;
+  }
+  auto gathering = tp_->all_gather_beside(held, full, std::size_t(rows_held_) * std::size_t(width), dtype_);
+  if (meanwhile) meanwhile();
+  if (gathering) gathering->wait_in_queue();
+  return full;
+}
+
 void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width) const {
   if (tp_size_ == 1) return;
   if (!sp_) {

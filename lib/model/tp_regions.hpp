@@ -26,7 +26,8 @@ namespace pptrain {
 class TensorParallelRegions {
  public:
   // `tp` may be null when tp_size is 1 (then there is nothing to gather or reduce).
-  // `beside`: reduce() with work to do meanwhile runs its sum beside that work.
+  // `beside`: gather() and reduce() with work to do meanwhile run their collective
+  // beside that work.
   TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size, int tp_rank,
                         bool sequence_parallel, int rows, bool beside = false);
 
@@ -38,6 +39,10 @@ class TensorParallelRegions {
   // The full [N, width] array: `held` itself without SP; with SP, `full` after an
   // all-gather of every rank's held block (`held` may be this rank's block of `full`).
   const ops::Act* gather(const ops::Act* held, ops::Act* full, int width) const;
+  // The same with `meanwhile` queued after the all-gather starts and before it is waited
+  // for, as reduce() below does with its sum. `meanwhile` must not touch `full`.
+  const ops::Act* gather(const ops::Act* held, ops::Act* full, int width,
+                         const std::function<void()>& meanwhile) const;
   // Where a pass finds what gather() made earlier (the weight pass reading B's gathered
   // gradients): `held` without SP, `full` with it.
   const ops::Act* gathered(const ops::Act* held, const ops::Act* full) const {

@@ -41,8 +41,9 @@ struct Shape {
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
-  // B and W run together and the input gradients' tp sums travel beside W's GEMMs (GPUs).
-  bool tp_beside_weights;
+  // tp collectives run beside the GEMMs (GPUs, parallel.overlap, tp > 1); B and W run
+  // together, so the input gradients' tp sums travel beside W's GEMMs.
+  bool tp_beside, weights_follow_input;
   const DeviceSpec* dev;
   LinkSpec tp_link, cp_link;
 };
@@ -116,17 +117,26 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const double refwd = recompute == Recompute::Full       ? c.forward
                        : recompute == Recompute::Selective ? attention
                                                            : 0;
+  // The input-gradient GEMMs of each half, and the attention core's backward.
+  const double b_mlp = gemm_seconds(d, N, Fl, C, e) + gemm_seconds(d, N, C, Gl, e);
+  const double b_attention = gemm_seconds(d, N, Cl, C, e) + attention_backward(s) +
+                             gemm_seconds(d, N, C, Ql, e);
   c.backward_input = refwd + gemms + attention_backward(s) + memory_seconds(s, 2 * (rowwise + gelu), 12) +
                      tp_comm(s, 2, 2);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
   const double w_attention = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e);
   const double w_mlp = gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e);
+  const double gather = s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0;
   c.backward_weight = w_attention + w_mlp + memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
-                      (s.sp ? 2 * gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
-  // Each half's input-gradient sum hides under that half's weight-gradient GEMMs.
-  if (s.tp_beside_weights) {
+                      2 * gather;
+  if (s.tp_beside && s.weights_follow_input) {
+    // Each half's norm output is gathered again under its input-gradient GEMMs, and its
+    // input-gradient sum hides under its weight-gradient GEMMs.
+    c.backward_weight -= std::min(gather, b_mlp) + std::min(gather, b_attention);
     const double sum = tp_comm(s, 1, 0);
     c.backward_input -= std::min(sum, w_mlp) + std::min(sum, w_attention);
+  } else if (s.tp_beside) {
+    c.backward_weight -= std::min(gather, w_mlp);  // W apart: ln1's gather under the MLP's
   }
   return c;
 }
@@ -193,10 +203,10 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
   s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
-  // On CPU ranks the sums complete before the weight gradients start (MPI progresses
-  // only inside its calls): nothing hides.
-  s.tp_beside_weights = !d.cpu && activation_policy(cfg).overlap_tensor_parallel &&
-                        weight_follows_input(p.schedule);
+  // On CPU ranks the tp collectives complete before the work beside them starts (MPI
+  // progresses only inside its calls): nothing hides.
+  s.tp_beside = !d.cpu && activation_policy(cfg).overlap_tensor_parallel;
+  s.weights_follow_input = weight_follows_input(p.schedule);
   s.dev = &d;
   // Rank order tp-cp-dp-pp: a tp group is tp consecutive ranks, a cp group strides tp.
   s.tp_link = link_for(cluster, 1, p.tp);

@@ -68,6 +68,8 @@ LAYOUTS = {
     "tp2_sp": (2, 1, 1, 4, SP),
     "pp2_full_recompute": (1, 2, 1, 4, ["train.recompute=full"]),
     "tp2_pp2_sp_selective": (2, 2, 1, 4, SP + ["train.recompute=selective"]),
+    # W apart from B: ln1 is gathered beside the MLP's weight gradients.
+    "tp2_pp2_sp_zb_v": (2, 2, 1, 4, SP + ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
     # Context parallelism: the ring's steps (ring_attention.cu) and its exchanges on NCCL.
     "cp2": (1, 1, 1, 4, ["parallel.cp=2"]),
     "tp2_cp2_pp2": (2, 2, 1, 4, ["parallel.cp=2"]),
@@ -208,7 +210,8 @@ def stream_wait_sites():
 # The layout that runs each cross-stream wait (dp2 unless named here).
 SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2",
                 "transfer-after-compute": "pp2_1f1b", "compute-after-transfer": "pp2_1f1b",
-                "sum-after-compute": "tp2", "compute-after-sum": "tp2"}
+                "sum-after-compute": "tp2", "compute-after-sum": "tp2",
+                "gather-after-compute": "tp2_sp", "compute-after-gather": "tp2_sp"}
 
 
 def check_dropped_waits(work, failures):

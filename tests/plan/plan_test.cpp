@@ -108,9 +108,10 @@ TEST(TimeModel, RecomputationAddsForwardWork) {
 }
 
 // Tensor-parallel overlap: where B and W run together, each half of a layer's
-// input-gradient sum hides under that half's weight-gradient GEMMs, so a tp layout's
-// backward gets faster and nothing else moves; zb-h1, which runs W apart, gains nothing.
-TEST(TimeModel, TensorParallelSumsHideUnderTheWeightGradients) {
+// input-gradient sum hides under that half's weight-gradient GEMMs, and under SP each
+// norm output's second gather under that half's input-gradient GEMMs; the forward does
+// not move. zb-h1, which runs W apart, hides only ln1's gather, under the MLP's W.
+TEST(TimeModel, TensorParallelCollectivesHideUnderTheGemms) {
   Config c = small_model();
   c.parallel.tp = 4;
   c.parallel.sequence_parallel = true;
@@ -118,12 +119,20 @@ TEST(TimeModel, TensorParallelSumsHideUnderTheWeightGradients) {
   c.parallel.overlap = false;
   const StepPrediction off = predict_step(c, gpus(1, 4));
   EXPECT_LT(on.first_stage.backward_input, off.first_stage.backward_input);
+  EXPECT_LT(on.first_stage.backward_weight, off.first_stage.backward_weight);
   EXPECT_EQ(on.first_stage.forward, off.first_stage.forward);
-  EXPECT_EQ(on.first_stage.backward_weight, off.first_stage.backward_weight);
   c.parallel.schedule = ScheduleKind::ZeroBubbleH1;
-  const double apart_off = predict_step(c, gpus(1, 4)).first_stage.backward_input;
+  const StageCosts apart_off = predict_step(c, gpus(1, 4)).first_stage;
   c.parallel.overlap = true;
-  EXPECT_EQ(predict_step(c, gpus(1, 4)).first_stage.backward_input, apart_off);
+  const StageCosts apart_on = predict_step(c, gpus(1, 4)).first_stage;
+  EXPECT_EQ(apart_on.backward_input, apart_off.backward_input);
+  EXPECT_LT(apart_on.backward_weight, apart_off.backward_weight);
+  EXPECT_GT(apart_on.backward_weight, on.first_stage.backward_weight);  // one gather hides, not two
+  // Without SP there is nothing to gather: W does not move.
+  c.parallel.sequence_parallel = false;
+  const double no_sp_on = predict_step(c, gpus(1, 4)).first_stage.backward_weight;
+  c.parallel.overlap = false;
+  EXPECT_EQ(predict_step(c, gpus(1, 4)).first_stage.backward_weight, no_sp_on);
 }
 
 TEST(TimeModel, DataParallelGroupsAcrossNodesPayTheSlowerLink) {
