@@ -95,6 +95,23 @@ class Group {
     all_gather(send, recv, send_count, dtype);
     return nullptr;
   }
+  // True where the *_beside collectives do run beside compute (a device); false where
+  // they complete before returning (above).
+  virtual bool works_beside() const { return false; }
+  // Block-wise collectives beside compute, only where works_beside(): broadcast_beside
+  // copies `count` values of `dtype` from the root's `send` into every member's `recv`;
+  // reduce_beside sums every member's `send` into the root's `recv` (`recv` is unused
+  // elsewhere). A tensor-parallel GEMM consumes a gathered input, or produces partial
+  // sums, one row block at a time while the other blocks travel
+  // (TensorParallelRegions::gather_rows, reduce_rows).
+  virtual std::unique_ptr<PendingOp> broadcast_beside(const void*, void*, std::size_t, DType, int) {
+    PPTRAIN_CHECK(false, name() + ": broadcast_beside needs a group that works beside compute");
+    return nullptr;
+  }
+  virtual std::unique_ptr<PendingOp> reduce_beside(const void*, void*, std::size_t, DType, int) {
+    PPTRAIN_CHECK(false, name() + ": reduce_beside needs a group that works beside compute");
+    return nullptr;
+  }
 
  protected:
   // n / size() for `op`'s blocks; a logic_error naming the group when n does not split.

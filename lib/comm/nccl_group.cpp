@@ -3,7 +3,8 @@
 // host does not wait. The *_start collectives run on the context's own stream instead,
 // so gradient reduction overlaps the backward pass, and the *_beside ones on the group's
 // own stream (the tensor-parallel group's: its input gradients travel while the weight
-// gradients are computed, and the norms' outputs while the input gradients are); their
+// gradients are computed, the norms' outputs while the input gradients are, and the
+// forward's gathers and sums block by block beside the GEMMs' other blocks); their
 // wait() is watched, and their wait_in_queue() leaves the host free.
 #include <algorithm>
 #include <cstddef>
@@ -78,8 +79,7 @@ class NcclGroup final : public Group {
                 "ncclAllGather", info("all_gather"));
   }
   void broadcast(float* data, std::size_t n, int root) override {
-    PPTRAIN_CHECK(root >= 0 && root < size(), "broadcast on " + name_ + ": root " +
-                                                  std::to_string(root) + " is not a member");
+    check_root(root, "broadcast");
     if (n == 0) return;
     ctx_->check(ncclBroadcast(data, data, n, ncclFloat32, root, comm_, stream()),
                 "ncclBroadcast", info("broadcast"));
@@ -123,6 +123,21 @@ class NcclGroup final : public Group {
       return ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, side);
     }, send_count);
   }
+  bool works_beside() const override { return true; }
+  std::unique_ptr<PendingOp> broadcast_beside(const void* send, void* recv, std::size_t count,
+                                              DType dtype, int root) override {
+    check_root(root, "broadcast_beside");
+    return start_on(beside_, kBroadcast, "broadcast_beside", [&](cudaStream_t side) {
+      return ncclBroadcast(send, recv, count, nccl_type(dtype), root, comm_, side);
+    }, count);
+  }
+  std::unique_ptr<PendingOp> reduce_beside(const void* send, void* recv, std::size_t count,
+                                           DType dtype, int root) override {
+    check_root(root, "reduce_beside");
+    return start_on(beside_, kReduce, "reduce_beside", [&](cudaStream_t side) {
+      return ncclReduce(send, recv, count, nccl_type(dtype), ncclSum, root, comm_, side);
+    }, count);
+  }
 
  private:
   // A stream beside compute and its two stream_wait sites: the operation after the
@@ -134,6 +149,13 @@ class NcclGroup final : public Group {
   static constexpr Sites kSide{"collective-after-compute", "compute-after-collective"};
   static constexpr Sites kSum{"sum-after-compute", "compute-after-sum"};
   static constexpr Sites kGather{"gather-after-compute", "compute-after-gather"};
+  static constexpr Sites kBroadcast{"broadcast-after-compute", "compute-after-broadcast"};
+  static constexpr Sites kReduce{"reduce-after-compute", "compute-after-reduce"};
+
+  void check_root(int root, const char* op) const {
+    PPTRAIN_CHECK(root >= 0 && root < size(), std::string(op) + " on " + name_ + ": root " +
+                                                  std::to_string(root) + " is not a member");
+  }
 
   template <class Call>
   std::unique_ptr<PendingOp> start_on_side(const char* name, Call&& call, std::size_t n) {

@@ -61,25 +61,34 @@ void GptModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act* 
 }
 
 void GptModel::layer_forward(int l, const LayerView& v) {
-  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const int Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
   const auto w = layer_weights(l);
   const size_t NhC = size_t(Nh) * C;
   ops_.layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.x, w.ln1_w, w.ln1_b, Nh, C);
-  const ops::Act* ln1 = tp_.gather(v.ln1, v.ln1_gathered, C);
-  ops_.linear_forward(v.qkv, nullptr, ln1, w.qkv_w, w.qkv_b, N, C, 3 * Cl);
+  // Each tp collective travels row block by row block beside its GEMM's other blocks
+  // (gather_rows, reduce_rows).
+  tp_.gather_rows(v.ln1, v.ln1_gathered, C, [&](int first, int rows, const ops::Act* ln1) {
+    ops_.linear_forward(tp_.row(v.qkv, first, 3 * Cl), nullptr, ln1, w.qkv_w, w.qkv_b, rows, C,
+                        3 * Cl);
+  });
   attention_forward(v);
   // Row-parallel projections: the bias is added once, after the tp sum.
-  ops::Act* proj = tp_.partial_target(v.res2, v.partial);
-  ops_.linear_forward(proj, nullptr, v.atty, w.proj_w, nullptr, N, Cl, C);
-  tp_.reduce(proj, v.res2, C);
+  ops::Act* res2_partial = tp_.partial_target(v.res2, v.partial);
+  tp_.reduce_rows(res2_partial, v.res2, C, [&](int first, int rows, ops::Act* proj) {
+    ops_.linear_forward(proj, nullptr, tp_.row(v.atty, first, Cl), w.proj_w, nullptr, rows, Cl, C);
+  });
   ops_.add_bias(v.res2, w.proj_b, Nh, C);
   ops_.add(v.res2, v.res2, v.x, NhC);
   ops_.layernorm_forward(v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, w.ln2_w, w.ln2_b, Nh, C);
-  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C);
-  ops_.linear_forward(v.fch, v.fch_gelu, ln2, w.fc_w, w.fc_b, N, C, 4 * Cl);
-  ops::Act* fcproj = tp_.partial_target(v.out, v.partial);
-  ops_.linear_forward(fcproj, nullptr, v.fch_gelu, w.fcproj_w, nullptr, N, 4 * Cl, C);
-  tp_.reduce(fcproj, v.out, C);
+  tp_.gather_rows(v.ln2, v.ln2_gathered, C, [&](int first, int rows, const ops::Act* ln2) {
+    ops_.linear_forward(tp_.row(v.fch, first, 4 * Cl), tp_.row(v.fch_gelu, first, 4 * Cl), ln2,
+                        w.fc_w, w.fc_b, rows, C, 4 * Cl);
+  });
+  ops::Act* out_partial = tp_.partial_target(v.out, v.partial);
+  tp_.reduce_rows(out_partial, v.out, C, [&](int first, int rows, ops::Act* fcproj) {
+    ops_.linear_forward(fcproj, nullptr, tp_.row(v.fch_gelu, first, 4 * Cl), w.fcproj_w, nullptr,
+                        rows, 4 * Cl, C);
+  });
   ops_.add_bias(v.out, w.fcproj_b, Nh, C);
   ops_.add(v.out, v.out, v.res2, NhC);
 }
@@ -89,28 +98,32 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_weights(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
-  // With the weights, ln2 is gathered again while the input gradients are computed, and
-  // the input gradient summed while the weight gradients are.
-  const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
+  // The output gradient is gathered row block by row block beside fcproj's input-gradient
+  // GEMM. With the weights, ln2 is gathered again while fc's input gradient is computed,
+  // and that summed while the weight gradients are.
+  tp_.gather_rows(v.dout, v.dout_gathered, C, [&](int first, int rows, const ops::Act* dout) {
+    ops_.linear_backward_input(tp_.row(v.dfch, first, 4 * Cl), dout, w.fcproj_w,
+                               tp_.row(v.fch, first, 4 * Cl), rows, 4 * Cl, C);
+  });
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
-  auto mlp_input_grads = [&] {
-    ops_.linear_backward_input(v.dfch, dout, w.fcproj_w, v.fch, N, 4 * Cl, C);
+  auto mlp_input_grad = [&] {
     ops_.gemm(false, true, N, C, 4 * Cl, 1.0f, v.dfch, w.fc_w, 0.0f, dln2);
   };
   const ops::Act* ln2 = nullptr;
-  if (with_weights) ln2 = tp_.gather(v.ln2, v.ln2_gathered, C, mlp_input_grads);
-  else mlp_input_grads();
+  if (with_weights) ln2 = tp_.gather(v.ln2, v.ln2_gathered, C, mlp_input_grad);
+  else mlp_input_grad();
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
   ops_.copy(v.dres2, v.dout, held_bytes);
   ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, Nh, C);
-  // Attention: res2 = x + proj(attn(qkv(ln1(x)))).
-  const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
+  // Attention: res2 = x + proj(attn(qkv(ln1(x)))); dres2 is gathered as dout was.
+  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+  tp_.gather_rows(v.dres2, v.dres2_gathered, C, [&](int first, int rows, const ops::Act* dres2) {
+    ops_.gemm(false, true, rows, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, tp_.row(datty, first, Cl));
+  });
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   auto attention_input_grads = [&] {
-    ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
-    ops_.gemm(false, true, N, Cl, C, 1.0f, dres2, w.proj_w, 0.0f, datty);
     attention_backward(v, datty);
     ops_.gemm(false, true, N, C, 3 * Cl, 1.0f, v.dqkv, w.qkv_w, 0.0f, dln1);
   };

@@ -70,22 +70,29 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
   const size_t NhC = size_t(Nh) * C;
   // Attention: res2 = x + o_proj(attn(rope(q, k), v)), q|k|v = ln1 @ qkv^T.
   ops_.rmsnorm_forward(v.ln1, v.ln1_rstd, v.x, w.ln1, Nh, C, eps_);
-  const ops::Act* ln1 = tp_.gather(v.ln1, v.ln1_gathered, C);
-  ops_.gemm(false, true, N, W_, C, 1.0f, ln1, w.qkv, 0.0f, v.qkv);
+  // Each tp collective travels row block by row block beside its GEMM's other blocks
+  // (gather_rows, reduce_rows).
+  tp_.gather_rows(v.ln1, v.ln1_gathered, C, [&](int first, int rows, const ops::Act* ln1) {
+    ops_.gemm(false, true, rows, W_, C, 1.0f, ln1, w.qkv, 0.0f, tp_.row(v.qkv, first, W_));
+  });
   rope(v.qkv, false);
   attention_forward(v);
-  ops::Act* proj = tp_.partial_target(v.res2, v.partial);
-  ops_.gemm(false, true, N, C, Cl, 1.0f, v.atty, w.o, 0.0f, proj);
-  tp_.reduce(proj, v.res2, C);
+  ops::Act* res2_partial = tp_.partial_target(v.res2, v.partial);
+  tp_.reduce_rows(res2_partial, v.res2, C, [&](int first, int rows, ops::Act* proj) {
+    ops_.gemm(false, true, rows, C, Cl, 1.0f, tp_.row(v.atty, first, Cl), w.o, 0.0f, proj);
+  });
   ops_.add(v.res2, v.res2, v.x, NhC);
   // MLP: out = res2 + down_proj(silu(gate) * up), gate|up = ln2 @ gate_up^T.
   ops_.rmsnorm_forward(v.ln2, v.ln2_rstd, v.res2, w.ln2, Nh, C, eps_);
-  const ops::Act* ln2 = tp_.gather(v.ln2, v.ln2_gathered, C);
-  ops_.gemm(false, true, N, 2 * Fl_, C, 1.0f, ln2, w.gate_up, 0.0f, v.fch);
+  tp_.gather_rows(v.ln2, v.ln2_gathered, C, [&](int first, int rows, const ops::Act* ln2) {
+    ops_.gemm(false, true, rows, 2 * Fl_, C, 1.0f, ln2, w.gate_up, 0.0f,
+              tp_.row(v.fch, first, 2 * Fl_));
+  });
   ops_.swiglu_forward(v.fch_gelu, v.fch, N, Fl_);
-  ops::Act* down = tp_.partial_target(v.out, v.partial);
-  ops_.gemm(false, true, N, C, Fl_, 1.0f, v.fch_gelu, w.down, 0.0f, down);
-  tp_.reduce(down, v.out, C);
+  ops::Act* out_partial = tp_.partial_target(v.out, v.partial);
+  tp_.reduce_rows(out_partial, v.out, C, [&](int first, int rows, ops::Act* down) {
+    ops_.gemm(false, true, rows, C, Fl_, 1.0f, tp_.row(v.fch_gelu, first, Fl_), w.down, 0.0f, down);
+  });
   ops_.add(v.out, v.out, v.res2, NhC);
 }
 
@@ -94,12 +101,15 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_tensors<const ops::Act*>(l, weights());
   // MLP.
-  // With the weights, ln2 is gathered again while the input gradients are computed, and
-  // the input gradient summed while the weight gradients are.
-  const ops::Act* dout = tp_.gather(v.dout, v.dout_gathered, C);
+  // The output gradient is gathered row block by row block beside down_proj's
+  // input-gradient GEMM. With the weights, ln2 is gathered again while the rest of the
+  // input gradient is computed, and that summed while the weight gradients are.
+  tp_.gather_rows(v.dout, v.dout_gathered, C, [&](int first, int rows, const ops::Act* dout) {
+    ops_.gemm(false, false, rows, Fl_, C, 1.0f, dout, w.down, 0.0f,
+              tp_.row(v.dfch_act, first, Fl_));
+  });
   ops::Act* dln2 = tp_.partial_target(v.dln2, v.partial);
   auto mlp_input_grads = [&] {
-    ops_.gemm(false, false, N, Fl_, C, 1.0f, dout, w.down, 0.0f, v.dfch_act);
     ops_.swiglu_backward(v.dfch, v.dfch_act, v.fch, N, Fl_);
     ops_.gemm(false, false, N, C, 2 * Fl_, 1.0f, v.dfch, w.gate_up, 0.0f, dln2);
   };
@@ -111,12 +121,14 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   });
   ops_.copy(v.dres2, v.dout, held_bytes);
   ops_.rmsnorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
-  // Attention; q and k are rotated back after the attention's backward.
-  const ops::Act* dres2 = tp_.gather(v.dres2, v.dres2_gathered, C);
+  // Attention; q and k are rotated back after the attention's backward. dres2 is
+  // gathered as dout was.
+  ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
+  tp_.gather_rows(v.dres2, v.dres2_gathered, C, [&](int first, int rows, const ops::Act* dres2) {
+    ops_.gemm(false, false, rows, Cl, C, 1.0f, dres2, w.o, 0.0f, tp_.row(datty, first, Cl));
+  });
   ops::Act* dln1 = tp_.partial_target(v.dln1, v.partial);
   auto attention_input_grads = [&] {
-    ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
-    ops_.gemm(false, false, N, Cl, C, 1.0f, dres2, w.o, 0.0f, datty);
     attention_backward(v, datty);
     rope(v.dqkv, true);
     ops_.gemm(false, false, N, C, W_, 1.0f, v.dqkv, w.qkv, 0.0f, dln1);

@@ -1,6 +1,8 @@
 // The two tensor-parallel primitives and their collectives.
 #include "model/tp_regions.hpp"
 
+#include <vector>
+
 #include "core/error.hpp"
 
 namespace pptrain {
@@ -12,7 +14,7 @@ TensorParallelRegions::TensorParallelRegions(comm::Group* tp, DType dtype, int t
       dtype_(dtype),
       tp_size_(tp_size),
       sp_(sequence_parallel),
-      beside_(beside),
+      beside_(beside && tp && tp->works_beside()),
       rows_(rows),
       rows_held_(sequence_parallel ? rows / tp_size : rows),
       first_row_(sequence_parallel ? tp_rank * (rows / tp_size) : 0) {
@@ -68,6 +70,53 @@ void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width,
   }
   if (meanwhile) meanwhile();
   if (sum) sum->wait_in_queue();
+}
+
+const ops::Act* TensorParallelRegions::gather_rows(const ops::Act* held, ops::Act* full,
+                                                   int width, const RowsIn& consume) const {
+  if (!sp_ || !beside_) {
+    consume(0, rows_, gather(held, full, width));
+    return sp_ ? full : held;
+  }
+  const std::size_t count = std::size_t(rows_held_) * std::size_t(width);
+  std::vector<std::unique_ptr<comm::PendingOp>> blocks;
+  for (int j = 0; j < tp_size_; ++j) {
+    ops::Act* block = row(full, j * rows_held_, width);
+    blocks.push_back(tp_->broadcast_beside(held, block, count, dtype_, j));
+  }
+  consume(first_row_, rows_held_, held);
+  const int me = tp_->rank();
+  for (int j = 0; j < tp_size_; ++j) {
+    blocks[std::size_t(j)]->wait_in_queue();
+    if (j != me) consume(j * rows_held_, rows_held_, row(full, j * rows_held_, width));
+  }
+  return full;
+}
+
+void TensorParallelRegions::reduce_rows(ops::Act* partial, ops::Act* held, int width,
+                                        const RowsOut& produce) const {
+  if (!sp_ || !beside_) {
+    produce(0, rows_, partial);
+    reduce(partial, held, width);
+    return;
+  }
+  // Block j is rank j's rows, summed into that rank's `held`.
+  const std::size_t count = std::size_t(rows_held_) * std::size_t(width);
+  std::vector<std::unique_ptr<comm::PendingOp>> sums;
+  for (int j = 0; j < tp_size_; ++j) {
+    ops::Act* block = row(partial, j * rows_held_, width);
+    produce(j * rows_held_, rows_held_, block);
+    sums.push_back(tp_->reduce_beside(block, held, count, dtype_, j));
+  }
+  for (auto& sum : sums) sum->wait_in_queue();
+}
+
+const ops::Act* TensorParallelRegions::row(const ops::Act* a, int index, int width) const {
+  return ops::advance(a, std::size_t(index) * std::size_t(width), dtype_);
+}
+
+ops::Act* TensorParallelRegions::row(ops::Act* a, int index, int width) const {
+  return ops::advance(a, std::size_t(index) * std::size_t(width), dtype_);
 }
 
 void TensorParallelRegions::all_gather_in_place(ops::Act* data, std::size_t count) const {

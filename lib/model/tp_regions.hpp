@@ -9,6 +9,8 @@
 //   reduce: partial sums [N, width] (out of a row-parallel linear, the vocab-parallel
 //           embedding, or a column-parallel linear's input gradient) into the rows this
 //           rank holds, summed over tp: an all-reduce in place, or a reduce-scatter.
+// gather_rows() and reduce_rows() are their forms for a GEMM that reads or writes the rows
+// block by block, so that the collective travels beside the GEMM's other blocks.
 // The vocab-parallel cross-entropy's fp32 row statistics, and the all-gather that
 // completes a pipeline message scattered over tp, are the other collectives.
 // Rows are the flattened [batch * seq_len] token rows; under sequence parallelism rank r
@@ -27,7 +29,8 @@ class TensorParallelRegions {
  public:
   // `tp` may be null when tp_size is 1 (then there is nothing to gather or reduce).
   // `beside`: gather() and reduce() with work to do meanwhile run their collective
-  // beside that work.
+  // beside that work, and gather_rows() and reduce_rows() go block by block, where the
+  // group works beside compute (comm::Group::works_beside).
   TensorParallelRegions(comm::Group* tp, DType dtype, int tp_size, int tp_rank,
                         bool sequence_parallel, int rows, bool beside = false);
 
@@ -59,6 +62,24 @@ class TensorParallelRegions {
   // `held`.
   void reduce(ops::Act* partial, ops::Act* held, int width,
               const std::function<void()>& meanwhile) const;
+  // Rows [first, first + count) of an [N, width] array, handed to the callbacks below.
+  using RowsIn = std::function<void(int first, int count, const ops::Act* rows)>;
+  using RowsOut = std::function<void(int first, int count, ops::Act* rows)>;
+  // A product that reads gather(held, full, width) row by row: `consume` runs on all N
+  // rows once they are gathered, or, beside, on this rank's own rows (from `held`) while
+  // every rank's block is broadcast, then on each other block as it arrives. Returns
+  // the gathered array, complete when later work runs.
+  const ops::Act* gather_rows(const ops::Act* held, ops::Act* full, int width,
+                              const RowsIn& consume) const;
+  // A product whose partial sums reduce(partial, held, width) sums: `produce` writes
+  // all N rows of `partial` and then the sum runs, or, under SP beside, writes one
+  // rank's block of rows at a time while the blocks before it are summed to the ranks
+  // that hold them. (Without SP the sum is an all-reduce: t block all-reduces cost more
+  // latency than they hide, by the time model.)
+  void reduce_rows(ops::Act* partial, ops::Act* held, int width, const RowsOut& produce) const;
+  // Row `index` of an [N, width] array of the activation dtype.
+  const ops::Act* row(const ops::Act* a, int index, int width) const;
+  ops::Act* row(ops::Act* a, int index, int width) const;
   // `data` holds tp blocks of `count` elements; this rank's block is filled: fill all.
   void all_gather_in_place(ops::Act* data, std::size_t count) const;
   // Sum or max of fp32 statistics over the tp group (every rank holds all n).

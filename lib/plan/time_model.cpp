@@ -101,28 +101,56 @@ double tp_comm(const Shape& s, int count, int gathers) {
   return (count + gathers) * gather_seconds(s.tp_link, bytes, t);
 }
 
+// One rank's block of [N, C] rows travelling on the tp link (a broadcast or a reduce).
+double tp_block_seconds(const Shape& s) {
+  return s.N / s.t * s.C * s.e / (s.tp_link.gbps * 1e9) + s.tp_link.latency_us * 1e-6;
+}
+
+// A GEMM [N, width] = [N, K] x [K, width] whose input rows are gathered over tp under SP
+// (TensorParallelRegions::gather_rows): after one all-gather, or beside (GPUs) in t row
+// blocks, each block's GEMM waiting for its block (this rank's own first, then in rank
+// order, each broadcast in turn).
+double gathered_gemm(const Shape& s, double width, double K) {
+  const DeviceSpec& d = *s.dev;
+  if (!s.sp) return gemm_seconds(d, s.N, width, K, s.e);
+  if (!s.tp_beside) return gemm_seconds(d, s.N, width, K, s.e) + tp_comm(s, 0, 1);
+  const int t = int(s.t);
+  const double block = gemm_seconds(d, s.N / t, width, K, s.e), hop = tp_block_seconds(s);
+  return t * block + std::max(0.0, t * hop - (t - 1) * block);
+}
+
+// A GEMM [N, C] = [N, K] x [K, C] whose partial sums are summed over tp (reduce_rows):
+// whole, then the sum; or under SP beside in t row blocks, each block's sum leaving after
+// its GEMM, so that the last one is exposed.
+double summed_gemm(const Shape& s, double K) {
+  const DeviceSpec& d = *s.dev;
+  if (!s.sp || !s.tp_beside) return gemm_seconds(d, s.N, s.C, K, s.e) + tp_comm(s, 1, 0);
+  const int t = int(s.t);
+  const double block = gemm_seconds(d, s.N / t, s.C, K, s.e), hop = tp_block_seconds(s);
+  return t * block + std::max(hop, t * hop - (t - 1) * block);
+}
+
 // One layer's F, B (input gradients) and W (weight gradients) on this rank.
 StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const DeviceSpec& d = *s.dev;
   const double N = s.N, C = s.C, Cl = s.C / s.t, e = s.e;
   const double Ql = s.qkv / s.t, Fl = s.ffn / s.t, Gl = (s.gated ? 2 : 1) * Fl;
-  const double gemms = gemm_seconds(d, N, Ql, C, e) + gemm_seconds(d, N, C, Cl, e) +
-                       gemm_seconds(d, N, Gl, C, e) + gemm_seconds(d, N, C, Fl, e);
   // Norms, residual adds and biases on the held rows; the MLP's activation on N x Gl.
   const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
   const double gelu = 2 * N * Gl * e;
   const double attention = attention_forward(s);
   StageCosts c{0, 0, 0, 0};
-  c.forward = gemms + attention + memory_seconds(s, rowwise + gelu, 10) + tp_comm(s, 2, 2);
+  c.forward = gathered_gemm(s, Ql, C) + summed_gemm(s, Cl) + gathered_gemm(s, Gl, C) + summed_gemm(s, Fl) +
+              attention + memory_seconds(s, rowwise + gelu, 10);
   const double refwd = recompute == Recompute::Full       ? c.forward
                        : recompute == Recompute::Selective ? attention
                                                            : 0;
-  // The input-gradient GEMMs of each half, and the attention core's backward.
-  const double b_mlp = gemm_seconds(d, N, Fl, C, e) + gemm_seconds(d, N, C, Gl, e);
-  const double b_attention = gemm_seconds(d, N, Cl, C, e) + attention_backward(s) +
-                             gemm_seconds(d, N, C, Ql, e);
-  c.backward_input = refwd + gemms + attention_backward(s) + memory_seconds(s, 2 * (rowwise + gelu), 12) +
-                     tp_comm(s, 2, 2);
+  // Each half's input-gradient work after the product that reads the gathered output
+  // gradient: the MLP's first GEMM; the attention core's backward and q|k|v's GEMM.
+  const double b_mlp = gemm_seconds(d, N, C, Gl, e);
+  const double b_attention = attention_backward(s) + gemm_seconds(d, N, C, Ql, e);
+  c.backward_input = refwd + gathered_gemm(s, Fl, C) + b_mlp + gathered_gemm(s, Cl, C) + b_attention +
+                     memory_seconds(s, 2 * (rowwise + gelu), 12) + tp_comm(s, 2, 0);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
   const double w_attention = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e);
   const double w_mlp = gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e);
@@ -130,8 +158,8 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   c.backward_weight = w_attention + w_mlp + memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
                       2 * gather;
   if (s.tp_beside && s.weights_follow_input) {
-    // Each half's norm output is gathered again under its input-gradient GEMMs, and its
-    // input-gradient sum hides under its weight-gradient GEMMs.
+    // Each half's norm output is gathered again under the rest of its input gradient,
+    // and its input-gradient sum hides under its weight-gradient GEMMs.
     c.backward_weight -= std::min(gather, b_mlp) + std::min(gather, b_attention);
     const double sum = tp_comm(s, 1, 0);
     c.backward_input -= std::min(sum, w_mlp) + std::min(sum, w_attention);

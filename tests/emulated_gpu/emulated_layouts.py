@@ -211,7 +211,12 @@ def stream_wait_sites():
 SITE_LAYOUTS = {"exchange-after-compute": "cp2", "compute-after-exchange": "cp2",
                 "transfer-after-compute": "pp2_1f1b", "compute-after-transfer": "pp2_1f1b",
                 "sum-after-compute": "tp2", "compute-after-sum": "tp2",
-                "gather-after-compute": "tp2_sp", "compute-after-gather": "tp2_sp"}
+                # The forward's broadcasts and reduces on the tp stream already follow
+                # every write of ln1 and ln2 before B gathers them; W's gather apart (zb-v)
+                # follows a gather on the compute stream.
+                "gather-after-compute": "tp2_pp2_sp_zb_v", "compute-after-gather": "tp2_sp",
+                "broadcast-after-compute": "tp2_sp", "compute-after-broadcast": "tp2_sp",
+                "reduce-after-compute": "tp2_sp", "compute-after-reduce": "tp2_sp"}
 
 
 def check_dropped_waits(work, failures):
