@@ -14,8 +14,9 @@ layout next to the published one.
 Fails when a checked figure is off by more than a factor of FACTOR: the prediction for
 the A100 publications, whose runs do what pptrain's executor does; for Megatron-Core's
 H100 table a bound in two halves, because those runs overlap tensor-parallel
-communication with compute, which pptrain does not (and so its planner does not
-predict): the free-links prediction, which pays for no communication at all, must not
+communication with compute through userbuffers, which pptrain approaches by other means
+(row blocks, sums beside the weight gradients) that its planner models with no
+measurement of a GPU behind it: the free-links prediction, which pays for no communication at all, must not
 be slower than the published run by more than FACTOR (the compute model is not too
 slow), and the prediction with the real links must not be faster than it by more than
 FACTOR (nor too fast). A free-links figure above the published one is expected: the
