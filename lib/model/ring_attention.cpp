@@ -21,9 +21,10 @@ RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int 
       NH_(NH),
       NKV_(NKV),
       W_(C + 2 * (C / NH) * NKV),
+      Wkv_(W_ - C),
       len_(ring_.split.piece_len()),
       dt_(ops.compute_dtype()),
-      block_bytes_(buffer_bytes(B, ring_.split.local_len(), W_, dt_) / kBuffers),
+      block_bytes_(buffer_bytes(B, ring_.split.local_len(), NKV, C / NH, dt_) / kBuffers),
       piece_state_bytes_(ops::attention_state_bytes(true, dt_, B, len_, NH)) {
   PPTRAIN_CHECK(ring_.world && int(ring_.ranks.size()) == ring_.split.cp &&
                     ring_.split.pieces() == 2,
@@ -31,6 +32,7 @@ RingAttention::RingAttention(ops::Ops& ops, ContextRing ring, int B, int C, int 
   for (auto* set : {blocks_, grads_})
     for (int i = 0; i < 2; ++i) set[i] = ops::Buffer(ops, block_bytes_, "a ring attention block");
   arriving_ = ops::Buffer(ops, block_bytes_, "a ring attention block");
+  own_ = ops::Buffer(ops, block_bytes_, "a ring attention block");
 }
 
 int RingAttention::next() const { return ring_.ranks[std::size_t((ring_.split.rank + 1) % ring_.split.cp)]; }
@@ -65,13 +67,22 @@ void RingAttention::progress(comm::PendingOp* pass) {
   if (pass) pass->test();
 }
 
-ops::Ops::SeqPiece RingAttention::piece(const ops::Act* block, int p, int owner) const {
-  return {rows(block, p, W_), ring_.split.first(p, owner), len_};
+ops::Ops::SeqPiece RingAttention::queries(const ops::Act* qkv, int p) const {
+  return {rows(qkv, p, W_), ring_.split.first(p, ring_.split.rank), len_};
+}
+
+ops::Ops::SeqPiece RingAttention::keys(const ops::Act* block, int p, int owner) const {
+  return {rows(block, p, Wkv_), ring_.split.first(p, owner), len_};
+}
+
+const ops::Act* RingAttention::own_block(const ops::Act* qkv) {
+  ops_.copy_columns(own_.act(), Wkv_, 0, qkv, W_, C_, B_ * ring_.split.local_len(), Wkv_);
+  return own_.act();
 }
 
 void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
   const int cp = ring_.split.cp, r = ring_.split.rank;
-  const ops::Act* held = qkv;  // at step s, the block of rank r - s
+  const ops::Act* held = own_block(qkv);  // at step s, the block of rank r - s
   for (int s = 0; s < cp; ++s) {
     const int owner = (r - s + cp) % cp;
     std::unique_ptr<comm::PendingOp> pass = pass_on(held, s);
@@ -79,8 +90,8 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
       // Step 0 starts from the diagonal, where every query sees at least itself.
       const int order[2] = {s == 0 ? p : 0, s == 0 ? 1 - p : 1};
       for (int k : order)
-        ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), piece(qkv, p, r),
-                                         piece(held, k, owner), B_, C_, NH_, NKV_,
+        ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), queries(qkv, p),
+                                         keys(held, k, owner), B_, C_, NH_, NKV_,
                                          s == 0 && k == p);
       progress(pass.get());
     }
@@ -94,8 +105,9 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
 void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv,
                              const ops::Act* out, const void* state) {
   const int cp = ring_.split.cp, r = ring_.split.rank;
-  ops_.fill_zero(dqkv, block_bytes_);
-  const ops::Act* held = qkv;
+  const int rows_held = B_ * ring_.split.local_len();
+  ops_.fill_zero(dqkv, std::size_t(rows_held) * W_ * dtype_size(dt_));
+  const ops::Act* held = own_block(qkv);
   // The gradient of the held block that earlier ranks added to arrives while this rank
   // works out its own part (grads_[s % 2], zeroed), is added at the step's end, and the
   // sum travels on with the block.
@@ -107,10 +119,10 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
     std::unique_ptr<comm::PendingOp> block_pass = pass_on(held, s);
     for (int p = 0; p < 2; ++p) {
       for (int k = 0; k < 2; ++k)
-        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(mine, k, W_),
+        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(mine, k, Wkv_),
                                           rows(dout, p, C_), rows(out, p, C_),
-                                          state_of(state, p), piece(qkv, p, r),
-                                          piece(held, k, owner), B_, C_, NH_, NKV_);
+                                          state_of(state, p), queries(qkv, p),
+                                          keys(held, k, owner), B_, C_, NH_, NKV_);
       progress(block_pass.get());
       progress(grad_pass.get());
     }
@@ -128,9 +140,9 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
     }
   }
   grad_pass->wait_in_queue();
-  // The q parts of dqkv hold this rank's query gradients; the key/value parts are zero
-  // there and in the q parts of the returned gradient.
-  ops_.add(dqkv, dqkv, arriving_.act(), block_bytes_ / dtype_size(dt_));
+  // The q parts of dqkv hold this rank's query gradients, the returned block its k|v
+  // gradients.
+  ops_.copy_columns(dqkv, W_, C_, arriving_.act(), Wkv_, 0, rows_held, Wkv_);
 }
 
 }  // namespace pptrain

@@ -1,5 +1,6 @@
 // Context parallelism's attention core: each rank holds two pieces of every sequence
-// (topology/sequence_split.hpp), and the key/value blocks go round the ring of cp ranks.
+// (topology/sequence_split.hpp), and the key/value blocks (the k|v columns of q|k|v, the
+// queries stay) go round the ring of cp ranks.
 // At step s rank r holds the block of rank r - s and runs its own queries against it
 // with the blocked attention's steps (online softmax, merged by log-sum-exp); the next
 // block is already on its way meanwhile (a nonblocking exchange). The backward sends
@@ -39,16 +40,22 @@ class RingAttention {
   void backward(ops::Act* dqkv, const ops::Act* dout, const ops::Act* qkv, const ops::Act* out,
                 const void* state);
 
-  // Bytes of the buffers a ring holds, each of B sequences' `rows` rows of q|k|v
-  // (`width` each): two arriving blocks, this rank's part of the held block's gradient
-  // and of the previous one's (still leaving), and the arriving gradient.
-  static constexpr int kBuffers = 5;
-  static std::size_t buffer_bytes(int B, int rows, int width, DType dtype) {
-    return kBuffers * std::size_t(B) * std::size_t(rows) * std::size_t(width) * dtype_size(dtype);
+  // Bytes of the buffers a ring holds, each of B sequences' `rows` rows of k|v (kv_heads
+  // heads of head_size, twice): this rank's own block, two arriving blocks, this rank's
+  // part of the held block's gradient and of the previous one's (still leaving), and the
+  // arriving gradient.
+  static constexpr int kBuffers = 6;
+  static std::size_t buffer_bytes(int B, int rows, int kv_heads, int head_size, DType dtype) {
+    return kBuffers * std::size_t(B) * std::size_t(rows) * std::size_t(2 * kv_heads * head_size) *
+           dtype_size(dtype);
   }
 
  private:
-  ops::Ops::SeqPiece piece(const ops::Act* block, int p, int owner) const;
+  // Piece p of this rank's queries (q|k|v rows), and of the k|v block of rank `owner`.
+  ops::Ops::SeqPiece queries(const ops::Act* qkv, int p) const;
+  ops::Ops::SeqPiece keys(const ops::Act* block, int p, int owner) const;
+  // This rank's own k|v block, from the k|v columns of qkv.
+  const ops::Act* own_block(const ops::Act* qkv);
   // At step s: sends `held` on to the next rank and receives the previous rank's block
   // into blocks_[s % 2]; null at the last step.
   std::unique_ptr<comm::PendingOp> pass_on(const ops::Act* held, int s);
@@ -62,10 +69,10 @@ class RingAttention {
 
   ops::Ops& ops_;
   ContextRing ring_;
-  int B_, C_, NH_, NKV_, W_, len_;
+  int B_, C_, NH_, NKV_, W_, Wkv_, len_;
   DType dt_;
   std::size_t block_bytes_, piece_state_bytes_;
-  ops::Buffer blocks_[2], grads_[2], arriving_;
+  ops::Buffer own_, blocks_[2], grads_[2], arriving_;
 };
 
 }  // namespace pptrain

@@ -85,6 +85,11 @@ class Ops {
   // Waits for the work queued before it, then copies to host memory.
   virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // dst[r, dst_col + c] = src[r, src_col + c] for r < rows, c < cols: a block of columns
+  // from one row-major array (rows src_width wide) into another (dst_width); the rest of
+  // dst stays as it is. (The ring's k|v columns of q|k|v, and their gradient back.)
+  virtual void copy_columns(Act* dst, int dst_width, int dst_col, const Act* src, int src_width,
+                            int src_col, int rows, int cols) = 0;
   virtual void fill_zero(void* dst, std::size_t bytes) = 0;
   // Waits until every queued op has finished (a no-op on the CPU).
   virtual void synchronize() = 0;
@@ -223,10 +228,12 @@ class Ops {
                                   const void* state, int B, int T, int C, int NH, int NKV) = 0;
 
   // ---- Ring attention (context parallelism) ----
-  // A piece of the sequence: its rows of q, k and v ([B, len, W], the qkv layout) and the
-  // position of its first row in the whole sequence.
+  // A piece of the sequence: its rows ([B, len, width]) and the position of its first row
+  // in the whole sequence. A query piece's rows are q|k|v (width W, the qkv layout); a
+  // key/value piece's are k|v alone (width Wkv = 2 Ckv: k's heads, then v's), which is
+  // what the ring sends.
   struct SeqPiece {
-    const Act* qkv;
+    const Act* rows;
     int first;
     int len;
   };
@@ -235,8 +242,8 @@ class Ops {
   // Forward: merges into out [B,q.len,C] and the state of q's rows (as
   // attention_state_bytes(B, q.len, NH) gives), or with `write` overwrites them (for a
   // kv piece where every row of q sees a key: its own piece). Backward, from the final
-  // out and state: adds to the q part of dq [B,q.len,W] and to the k/v parts of dkv
-  // [B,kv.len,W]. A backend without them throws std::logic_error.
+  // out and state: adds to the q part of dq [B,q.len,W] and to dkv [B,kv.len,Wkv]. A
+  // backend without them throws std::logic_error.
   virtual void ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B,
                                            int C, int NH, int NKV, bool write);
   virtual void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,

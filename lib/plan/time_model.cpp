@@ -63,9 +63,9 @@ double attention_block(const Shape& s) {
   return gemms + memory_seconds(s, softmax, 3);
 }
 
-// One q|k|v block of the context-parallel ring: a rank's rows of its heads.
+// One k|v block of the context-parallel ring: a rank's rows of its key/value heads.
 double ring_block_seconds(const Shape& s) {
-  const double bytes = s.N * (s.qkv / s.t) * s.e;
+  const double bytes = s.N * ((s.qkv - s.C) / s.t) * s.e;
   return bytes / (s.cp_link.gbps * 1e9) + s.cp_link.latency_us * 1e-6;
 }
 

@@ -132,10 +132,8 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   }
   r.activations += double(peaks.boundaries) * double(layouts[0].part_bytes[int(Lifetime::Boundary)]);
   if (p.cp > 1)
-    r.ring_buffers = double(RingAttention::buffer_bytes(shape.batch, shape.seq_len,
-                                                        (shape.heads + 2 * shape.kv_heads) *
-                                                            head_size(m),
-                                                        be.compute));
+    r.ring_buffers = double(RingAttention::buffer_bytes(shape.batch, shape.seq_len, shape.kv_heads,
+                                                        head_size(m), be.compute));
   if (be.device_memory) r.backend_scratch = cuda_backend_scratch(c, be);
   return r;
 }

@@ -372,34 +372,50 @@ std::vector<OpCase> make_cases() {
                                             NKV);
                  }});
   // Ring attention's steps (context parallelism): the queries of a piece at positions
-  // 36..47 against its own piece (the diagonal, written), a piece wholly before them and
-  // one that overlaps them (merged); then the backward steps against the same pieces.
+  // 36..47 against the k|v of its own piece (the diagonal, written), of a piece wholly
+  // before them and of one that overlaps them (merged); then the backward steps against
+  // the same pieces.
   for (const int NKV : {4, 2})
     t.push_back({"ring_attention_steps" + (NKV != 4 ? "_kv" + std::to_string(NKV) : std::string()),
                  [=](OpRun& r) {
-                   const int B = 2, len = 12, C = 48, NH = 4, W = C + 2 * (C / NH) * NKV;
+                   const int B = 2, len = 12, C = 48, NH = 4, Wkv = 2 * (C / NH) * NKV, W = C + Wkv;
                    const std::size_t n = std::size_t(B) * len * C, n_qkv = std::size_t(B) * len * W;
+                   const std::size_t n_kv = std::size_t(B) * len * Wkv;
                    using Piece = Ops::SeqPiece;
-                   const Piece q{r.act(r.randn(n_qkv, 1)), 36, len};
-                   const Piece before{r.act(r.randn(n_qkv, 2)), 0, len};
-                   const Piece overlapping{r.act(r.randn(n_qkv, 3)), 30, len};
+                   const std::vector<float> qkv = r.randn(n_qkv, 1);
+                   std::vector<float> own_kv(n_kv);
+                   for (std::size_t row = 0; row < std::size_t(B) * len; ++row)
+                     std::copy_n(qkv.begin() + row * W + C, Wkv, own_kv.begin() + row * Wkv);
+                   const Piece q{r.act(qkv), 36, len};
+                   const Piece self{r.act(own_kv), 36, len};
+                   const Piece before{r.act(r.randn(n_kv, 2)), 0, len};
+                   const Piece overlapping{r.act(r.randn(n_kv, 3)), 30, len};
                    Act* out = r.act_out("out", n, {1e-5, 2e-2});
                    float* lse = r.f32_out("lse", std::size_t(B) * NH * len, {1e-5, 1e-2});
-                   r.ops.ring_attention_forward_step(out, lse, q, q, B, C, NH, NKV, true);
+                   r.ops.ring_attention_forward_step(out, lse, q, self, B, C, NH, NKV, true);
                    for (const Piece& kv : {before, overlapping})
                      r.ops.ring_attention_forward_step(out, lse, q, kv, B, C, NH, NKV, false);
-                   const std::vector<float> zeros(n_qkv, 0.0f);
+                   const std::vector<float> zeros(n_qkv, 0.0f), kv_zeros(n_kv, 0.0f);
                    Act* dq = r.act_inout("dq", zeros, {1e-5, 3e-2});
-                   Act* d_self = r.act_inout("d_self", zeros, {1e-5, 3e-2});
-                   Act* d_before = r.act_inout("d_before", zeros, {1e-5, 3e-2});
-                   Act* d_overlapping = r.act_inout("d_overlapping", zeros, {1e-5, 3e-2});
+                   Act* d_self = r.act_inout("d_self", kv_zeros, {1e-5, 3e-2});
+                   Act* d_before = r.act_inout("d_before", kv_zeros, {1e-5, 3e-2});
+                   Act* d_overlapping = r.act_inout("d_overlapping", kv_zeros, {1e-5, 3e-2});
                    const Act* dout = r.act(r.randn(n, 4));
-                   r.ops.ring_attention_backward_step(dq, d_self, dout, out, lse, q, q, B, C, NH, NKV);
+                   r.ops.ring_attention_backward_step(dq, d_self, dout, out, lse, q, self, B, C, NH,
+                                                      NKV);
                    r.ops.ring_attention_backward_step(dq, d_before, dout, out, lse, q, before, B, C,
                                                       NH, NKV);
                    r.ops.ring_attention_backward_step(dq, d_overlapping, dout, out, lse, q,
                                                       overlapping, B, C, NH, NKV);
                  }});
+  // A block of columns between arrays of other widths (the ring's k|v of q|k|v, and back
+  // into a gradient whose other columns stay).
+  t.push_back({"copy_columns", [=](OpRun& r) {
+                 const int rows = 37, src_width = 40, dst_width = 24;
+                 Act* dst = r.act_inout("dst", r.randn(std::size_t(rows) * dst_width, 1), kAct);
+                 const Act* src = r.act(r.randn(std::size_t(rows) * src_width, 2));
+                 r.ops.copy_columns(dst, dst_width, 5, src, src_width, 16, rows, 19);
+               }});
   add_embedding_and_loss_cases(t);
   add_vocab_parallel_cases(t);
   for (bool in_place : {false, true})  // in place: out aliases a

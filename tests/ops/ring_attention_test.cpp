@@ -6,6 +6,7 @@
 // them to their owner. No messages here: this checks the arithmetic of the steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -55,19 +56,27 @@ struct Whole {
   std::vector<float> out, lse, dqkv;
 };
 
-// Forward (and, when dout is given, backward) by ring steps over cp ranks.
+// Forward (and, when dout is given, backward) by ring steps over cp ranks. The keys and
+// values are the pieces' k|v columns alone, as the ring sends them, or with
+// `whole_rows` their q|k|v rows.
 Whole ring(CpuOps& ops, const Shape& s, int cp, const std::vector<float>& qkv,
-           const std::vector<float>* dout) {
-  const int pieces = 2 * cp, len = s.T / pieces, W = s.width();
-  std::vector<std::vector<float>> p_qkv(pieces), p_out(pieces), p_lse(pieces), p_d(pieces),
-      p_dout(pieces);
-  std::vector<SeqChunk> chunk(pieces);
+           const std::vector<float>* dout, bool whole_rows = false) {
+  const int pieces = 2 * cp, len = s.T / pieces, W = s.width(), Wkv = W - s.C;
+  const int Wk = whole_rows ? W : Wkv;
+  std::vector<std::vector<float>> p_qkv(pieces), p_kv(pieces), p_out(pieces), p_lse(pieces),
+      p_dq(pieces), p_dkv(pieces), p_dout(pieces);
+  std::vector<SeqChunk> queries(pieces), keys(pieces);
   for (int p = 0; p < pieces; ++p) {
     p_qkv[p] = rows_of(qkv, s.B, s.T, W, p * len, len);
-    chunk[p] = {p_qkv[p].data(), p * len, len};
+    p_kv[p].resize(std::size_t(s.B) * len * Wk);
+    for (std::size_t row = 0; row < std::size_t(s.B) * len; ++row)
+      std::copy_n(p_qkv[p].begin() + row * W + (W - Wk), Wk, p_kv[p].begin() + row * Wk);
+    queries[p] = {p_qkv[p].data(), p * len, len};
+    keys[p] = whole_rows ? queries[p] : SeqChunk{p_kv[p].data(), p * len, len, true};
     p_out[p].assign(std::size_t(s.B) * len * s.C, 0.0f);
     p_lse[p].assign(std::size_t(s.B) * s.NH * len, -std::numeric_limits<float>::infinity());
-    p_d[p].assign(p_qkv[p].size(), 0.0f);
+    p_dq[p].assign(p_qkv[p].size(), 0.0f);
+    p_dkv[p].assign(p_kv[p].size(), 0.0f);
     if (dout) p_dout[p] = rows_of(*dout, s.B, s.T, s.C, p * len, len);
   }
   auto held = [&](int rank) { return std::vector<int>{rank, pieces - 1 - rank}; };
@@ -75,22 +84,25 @@ Whole ring(CpuOps& ops, const Shape& s, int cp, const std::vector<float>& qkv,
     for (int step = 0; step < cp; ++step)
       for (int q : held(r))
         for (int kv : held((r - step + cp) % cp))
-          ops.ring_attention_forward_step(p_out[q].data(), p_lse[q].data(), chunk[q], chunk[kv],
+          ops.ring_attention_forward_step(p_out[q].data(), p_lse[q].data(), queries[q], keys[kv],
                                           s.B, s.C, s.NH, s.NKV);
   if (dout)
     for (int r = 0; r < cp; ++r)
       for (int step = 0; step < cp; ++step)
         for (int q : held(r))
           for (int kv : held((r - step + cp) % cp))
-            ops.ring_attention_backward_step(p_d[q].data(), p_d[kv].data(), p_dout[q].data(),
-                                             p_out[q].data(), p_lse[q].data(), chunk[q],
-                                             chunk[kv], s.B, s.C, s.NH, s.NKV);
+            ops.ring_attention_backward_step(p_dq[q].data(), p_dkv[kv].data(), p_dout[q].data(),
+                                             p_out[q].data(), p_lse[q].data(), queries[q],
+                                             keys[kv], s.B, s.C, s.NH, s.NKV);
   Whole w{std::vector<float>(std::size_t(s.B) * s.T * s.C),
           std::vector<float>(std::size_t(s.B) * s.NH * s.T), std::vector<float>(qkv.size())};
   for (int p = 0; p < pieces; ++p) {
+    // The k|v gradients go into the k|v columns (with whole rows, their q part is zero).
+    for (std::size_t row = 0; row < std::size_t(s.B) * len; ++row)
+      for (int c = 0; c < Wk; ++c) p_dq[p][row * W + (W - Wk) + c] += p_dkv[p][row * Wk + c];
     put_rows(w.out, p_out[p], s.B, s.T, s.C, p * len, len);
     put_lse(w.lse, p_lse[p], s.B * s.NH, s.T, p * len, len);
-    put_rows(w.dqkv, p_d[p], s.B, s.T, W, p * len, len);
+    put_rows(w.dqkv, p_dq[p], s.B, s.T, W, p * len, len);
   }
   return w;
 }
@@ -111,13 +123,16 @@ TEST(RingAttention, EveryPieceAgainstEveryPieceIsTheWholeSequence) {
                                       NKV);
         ops.attention_backward_blocked(dqkv.data(), dout.data(), qkv.data(), out.data(),
                                        lse.data(), s.B, T, s.C, s.NH, NKV);
-        const Whole w = ring(ops, s, cp, qkv, &dout);
-        for (std::size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(w.out[i], out[i], 2e-6f * (1.0f + std::fabs(out[i]))) << "out " << i;
-        for (std::size_t i = 0; i < lse.size(); ++i)
-          ASSERT_NEAR(w.lse[i], lse[i], 2e-6f * (1.0f + std::fabs(lse[i]))) << "lse " << i;
-        for (std::size_t i = 0; i < dqkv.size(); ++i)
-          ASSERT_NEAR(w.dqkv[i], dqkv[i], 2e-5f * (1.0f + std::fabs(dqkv[i]))) << "dqkv " << i;
+        for (bool whole_rows : {false, true}) {
+          SCOPED_TRACE(whole_rows ? "q|k|v rows as keys" : "k|v rows as keys");
+          const Whole w = ring(ops, s, cp, qkv, &dout, whole_rows);
+          for (std::size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(w.out[i], out[i], 2e-6f * (1.0f + std::fabs(out[i]))) << "out " << i;
+          for (std::size_t i = 0; i < lse.size(); ++i)
+            ASSERT_NEAR(w.lse[i], lse[i], 2e-6f * (1.0f + std::fabs(lse[i]))) << "lse " << i;
+          for (std::size_t i = 0; i < dqkv.size(); ++i)
+            ASSERT_NEAR(w.dqkv[i], dqkv[i], 2e-5f * (1.0f + std::fabs(dqkv[i]))) << "dqkv " << i;
+        }
       }
 }
 

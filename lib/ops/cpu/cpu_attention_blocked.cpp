@@ -7,9 +7,9 @@
 // nothing depends on the thread count. Selected by train.attention: fused on the CPU.
 //
 // The same kernels take the queries of one piece of the sequence and the keys of another
-// (SeqChunk), causal by position in the whole sequence: the steps of ring attention,
-// where each context-parallel rank holds pieces of every sequence. The whole-sequence
-// forms are the case of one piece against itself.
+// (SeqChunk; the keys' rows may be k|v alone), causal by position in the whole sequence:
+// the steps of ring attention, where each context-parallel rank holds pieces of every
+// sequence. The whole-sequence forms are the case of one piece against itself.
 #include <cblas.h>
 #include <omp.h>
 
@@ -34,8 +34,8 @@ void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// The pointers of one (batch, query head): q, k and v rows have stride W, out rows
-// stride C.
+// The pointers of one (batch, query head): q rows have stride W, k and v rows the key
+// piece's width (W, or 2 Ckv for k|v alone), out rows stride C.
 struct Head {
   const float* q;
   const float* k;
@@ -45,11 +45,11 @@ struct Head {
 
 // Query head h of batch b from piece q, its key/value head from piece kv.
 Head head_of(const SeqChunk& q, const SeqChunk& kv, int b, int h, const AttentionLayout& L) {
-  const float* q_rows = q.qkv + static_cast<std::size_t>(b) * q.len * L.W;  // batch b's
-  const float* kv_rows = kv.qkv + static_cast<std::size_t>(b) * kv.len * L.W;
+  const float* q_rows = q.rows + static_cast<std::size_t>(b) * q.len * L.W;  // batch b's
+  const float* kv_rows = kv.rows + static_cast<std::size_t>(b) * kv.len * L.width(kv.kv_only);
   const int kvh = h / L.group;
-  return {q_rows + static_cast<std::size_t>(h) * L.hs, kv_rows + L.k_offset(kvh),
-          kv_rows + L.v_offset(kvh),
+  return {q_rows + static_cast<std::size_t>(h) * L.hs, kv_rows + L.k_offset(kvh, kv.kv_only),
+          kv_rows + L.v_offset(kvh, kv.kv_only),
           static_cast<std::size_t>(b) * q.len * L.C + static_cast<std::size_t>(h) * L.hs};
 }
 
@@ -100,8 +100,9 @@ void CpuOps::ring_attention_forward_step(float* out, float* lse, const SeqChunk&
 
 void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv, int B,
                              int C, int NH, int NKV, bool merge) {
+  PPTRAIN_CHECK(!q.kv_only, "blocked attention: the queries' piece holds no q");
   const AttentionLayout L = attention_layout(B, q.len, C, NH, NKV);
-  const int hs = L.hs, W = L.W, T = q.len;
+  const int hs = L.hs, W = L.W, Wk = L.width(kv.kv_only), T = q.len;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
@@ -120,7 +121,7 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
       for (int c0 = 0; c0 < c_end; c0 += R) {
         const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
         sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
-              hd.k + static_cast<std::size_t>(c0) * W, W, 0.0f, t.s, R);
+              hd.k + static_cast<std::size_t>(c0) * Wk, Wk, 0.0f, t.s, R);
         for (int i = 0; i < rows; ++i) {
           float* s = t.s + static_cast<std::size_t>(i) * R;
           const int valid = visible(q, r0 + i, kv, c0, cols);
@@ -137,7 +138,7 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
         }
         // acc += p @ v[c0:c1]
         sgemm(false, false, rows, hs, cols, 1.0f, t.s, R,
-              hd.v + static_cast<std::size_t>(c0) * W, W, 1.0f, t.acc, hs);
+              hd.v + static_cast<std::size_t>(c0) * Wk, Wk, 1.0f, t.acc, hs);
       }
       for (int i = 0; i < rows; ++i) {
         float* o = out + hd.out_offset + static_cast<std::size_t>(r0 + i) * C;
@@ -180,8 +181,9 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
                               const float* out, const float* lse, const SeqChunk& q,
                               const SeqChunk& kv, int B, int C, int NH, int NKV,
                               bool accumulate) {
+  PPTRAIN_CHECK(!q.kv_only, "blocked attention: the queries' piece holds no q");
   const AttentionLayout L = attention_layout(B, q.len, C, NH, NKV);
-  const int hs = L.hs, W = L.W, T = q.len;
+  const int hs = L.hs, W = L.W, Wk = L.width(kv.kv_only), T = q.len;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs) + static_cast<std::size_t>(T);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
@@ -189,12 +191,12 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
   for_each_tiled(scratch, per_thread, blocked_tile_floats(hs), B * NKV,
                  [&](int bkv, const Tiles& t, float* delta) {
     const int b = bkv / NKV, kvh = bkv % NKV;
-    const std::size_t base = static_cast<std::size_t>(b) * kv.len * W;  // batch b's first row
-    float* dk = dkv_rows + base + L.k_offset(kvh);
-    float* dv = dkv_rows + base + L.v_offset(kvh);
+    const std::size_t base = static_cast<std::size_t>(b) * kv.len * Wk;  // batch b's first row
+    float* dk = dkv_rows + base + L.k_offset(kvh, kv.kv_only);
+    float* dv = dkv_rows + base + L.v_offset(kvh, kv.kv_only);
     if (!accumulate)
       for (int r = 0; r < kv.len; ++r) {
-        const std::size_t at = static_cast<std::size_t>(r) * W;
+        const std::size_t at = static_cast<std::size_t>(r) * Wk;
         std::fill(dk + at, dk + at + hs, 0.0f);
         std::fill(dv + at, dv + at + hs, 0.0f);
       }
@@ -206,7 +208,7 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
       const float* row_lse = lse + (static_cast<std::size_t>(b) * NH + h) * T;
       const float* d_head = dout + hd.out_offset;
       const float* o_head = out + hd.out_offset;
-      float* dq = dq_rows + (hd.q - q.qkv);
+      float* dq = dq_rows + (hd.q - q.rows);
       for (int r = 0; r < T; ++r) {
         const std::size_t at = static_cast<std::size_t>(r) * C;
         delta[r] = static_cast<float>(cpu::row_dot(d_head + at, o_head + at, hs));
@@ -221,10 +223,10 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
         const float* d_rows = d_head + static_cast<std::size_t>(r0) * C;
         for (int c0 = 0; c0 < c_end; c0 += R) {
           const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
-          const std::size_t key_rows = static_cast<std::size_t>(c0) * W;
+          const std::size_t key_rows = static_cast<std::size_t>(c0) * Wk;
           // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
-          sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, W, 0.0f, t.s, R);
-          sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, W, 0.0f, t.dp, R);
+          sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, Wk, 0.0f, t.s, R);
+          sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, Wk, 0.0f, t.dp, R);
           for (int i = 0; i < rows; ++i) {
             float* p = t.s + static_cast<std::size_t>(i) * R;
             float* g = t.dp + static_cast<std::size_t>(i) * R;
@@ -239,10 +241,10 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
           }
           // dq[r0:r1] += g @ k[c0:c1]; dk[c0:c1] += g^T @ q[r0:r1];
           // dv[c0:c1] += p^T @ dout[r0:r1]
-          sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, W, 1.0f,
+          sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, Wk, 1.0f,
                 dq + static_cast<std::size_t>(r0) * W, W);
-          sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, q_rows, W, 1.0f, dk + key_rows, W);
-          sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_rows, C, 1.0f, dv + key_rows, W);
+          sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, q_rows, W, 1.0f, dk + key_rows, Wk);
+          sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_rows, C, 1.0f, dv + key_rows, Wk);
         }
       }
     }

@@ -94,6 +94,16 @@ void CpuOps::copy(void* dst, const void* src, std::size_t bytes) {
   if (overlap) return void(std::memmove(dst, src, bytes));
   in_blocks(bytes, [&](std::size_t begin, std::size_t n) { std::memcpy(d + begin, s + begin, n); });
 }
+
+void CpuOps::copy_columns(float* dst, int dst_width, int dst_col, const float* src, int src_width,
+                          int src_col, int rows, int cols) {
+  PPTRAIN_CHECK(rows >= 0 && cols >= 0 && dst_col >= 0 && src_col >= 0 &&
+                    dst_col + cols <= dst_width && src_col + cols <= src_width,
+                "copy_columns: columns outside the rows");
+  for (int r = 0; r < rows; ++r)
+    std::copy_n(src + std::size_t(r) * src_width + src_col, cols,
+                dst + std::size_t(r) * dst_width + dst_col);
+}
 void CpuOps::fill_zero(void* dst, std::size_t bytes) {
   auto* d = static_cast<char*>(dst);
   in_blocks(bytes, [&](std::size_t begin, std::size_t n) { std::memset(d + begin, 0, n); });

@@ -60,6 +60,11 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::linear_weight_grad, dw, in(inp, elems(N, Cin)), in(dout, elems(N, Cout)), N, Cin,
         Cout);
   }
+  void copy_columns(Act* dst, int dst_width, int dst_col, const Act* src, int src_width,
+                    int src_col, int rows, int cols) override {
+    run(&Cpu::copy_columns, inout(dst, elems(rows, dst_width)), dst_width, dst_col,
+        in(src, elems(rows, src_width)), src_width, src_col, rows, cols);
+  }
   void add_bias(Act* o, const Act* bias, int N, int C) override {
     run(&Cpu::add_bias, inout(o, elems(N, C)), in(bias, elems(C)), N, C);
   }
@@ -108,19 +113,19 @@ class Fp32Forwarding : public Ops {
   // rows' fp32 log-sum-exps.
   void ring_attention_forward_step(Act* o, void* state, SeqPiece q, SeqPiece kv, int B, int C,
                                    int NH, int NKV, bool write) override {
-    const int W = C + 2 * (C / NH) * NKV;
+    const int Wkv = 2 * (C / NH) * NKV, W = C + Wkv;
     run(&Cpu::ring_forward_step, inout(o, elems(B, q.len, C)), static_cast<float*>(state),
-        in(q.qkv, elems(B, q.len, W)), q.first, q.len, in(kv.qkv, elems(B, kv.len, W)), kv.first,
-        kv.len, B, C, NH, NKV, write);
+        in(q.rows, elems(B, q.len, W)), q.first, q.len, in(kv.rows, elems(B, kv.len, Wkv)),
+        kv.first, kv.len, B, C, NH, NKV, write);
   }
   void ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* o,
                                     const void* state, SeqPiece q, SeqPiece kv, int B, int C,
                                     int NH, int NKV) override {
-    const int W = C + 2 * (C / NH) * NKV;
-    run(&Cpu::ring_backward_step, inout(dq, elems(B, q.len, W)), inout(dkv, elems(B, kv.len, W)),
-        in(dout, elems(B, q.len, C)), in(o, elems(B, q.len, C)), static_cast<const float*>(state),
-        in(q.qkv, elems(B, q.len, W)), q.first, q.len, in(kv.qkv, elems(B, kv.len, W)), kv.first,
-        kv.len, B, C, NH, NKV);
+    const int Wkv = 2 * (C / NH) * NKV, W = C + Wkv;
+    run(&Cpu::ring_backward_step, inout(dq, elems(B, q.len, W)),
+        inout(dkv, elems(B, kv.len, Wkv)), in(dout, elems(B, q.len, C)), in(o, elems(B, q.len, C)),
+        static_cast<const float*>(state), in(q.rows, elems(B, q.len, W)), q.first, q.len,
+        in(kv.rows, elems(B, kv.len, Wkv)), kv.first, kv.len, B, C, NH, NKV);
   }
   void rope(Act* x, int N, int T, int stride, int heads, int head_size, float theta,
             bool inverse, int first) override {
@@ -215,12 +220,15 @@ class Fp32Forwarding : public Ops {
   }
 };
 
-// A piece of the sequence for the blocked attention kernels: its rows of q, k and v
-// ([B, len, W], the qkv layout) and the position of its first row in the whole sequence.
+// A piece of the sequence for the blocked attention kernels: its rows and the position
+// of its first row in the whole sequence. The rows are q|k|v ([B, len, W], the qkv
+// layout), or with kv_only k|v alone ([B, len, 2 Ckv], what the ring sends: usable only
+// as the keys and values).
 struct SeqChunk {
-  const float* qkv;
+  const float* rows;
   int first;
   int len;
+  bool kv_only = false;
 };
 
 class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
@@ -286,6 +294,8 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void linear_backward_input(float* dinp, const float* dout, const float* w,
                              const float* gelu_inp, int N, int Cin, int Cout);
   void linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin, int Cout);
+  void copy_columns(float* dst, int dst_width, int dst_col, const float* src, int src_width,
+                    int src_col, int rows, int cols);
   void add_bias(float* out, const float* bias, int N, int C);
   void bias_backward(float* dbias, const float* dout, int N, int C);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -321,8 +331,8 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // and lse -inf; after every piece of the sequence they are the whole-sequence
   // forward's rows of q; `write` overwrites them instead, for a kv piece every row of q
   // sees a key of). The backward, given those final out and lse, adds the step's
-  // gradients to the q part of dq [B,q.len,W] and the k/v parts of dkv [B,kv.len,W]
-  // (W = C + 2 C NKV / NH, the qkv row width).
+  // gradients to the q part of dq [B,q.len,W] and to the k/v parts of dkv, which has
+  // kv's layout (W = C + 2 C NKV / NH, the qkv row width).
   void ring_attention_forward_step(float* out, float* lse, const SeqChunk& q, const SeqChunk& kv,
                                    int B, int C, int NH, int NKV, bool write = false);
   void ring_attention_backward_step(float* dq, float* dkv, const float* dout, const float* out,
@@ -330,20 +340,20 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
                                     int B, int C, int NH, int NKV);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                           int B, int T, int C, int NH, int NKV);
-  // The two steps on flat arrays (piece q's rows from q_first, piece kv's from kv_first),
-  // for the Ops entry points.
+  // The two steps on flat arrays (piece q's q|k|v rows from q_first, piece kv's k|v rows
+  // from kv_first), for the Ops entry points.
   void ring_forward_step(float* out, float* lse, const float* q, int q_first, int q_len,
                          const float* kv, int kv_first, int kv_len, int B, int C, int NH, int NKV,
                          bool write) {
-    ring_attention_forward_step(out, lse, {q, q_first, q_len}, {kv, kv_first, kv_len}, B, C, NH,
-                                NKV, write);
+    ring_attention_forward_step(out, lse, {q, q_first, q_len}, {kv, kv_first, kv_len, true}, B, C,
+                                NH, NKV, write);
   }
   void ring_backward_step(float* dq, float* dkv, const float* dout, const float* out,
                           const float* lse, const float* q, int q_first, int q_len,
                           const float* kv, int kv_first, int kv_len, int B, int C, int NH,
                           int NKV) {
     ring_attention_backward_step(dq, dkv, dout, out, lse, {q, q_first, q_len},
-                                 {kv, kv_first, kv_len}, B, C, NH, NKV);
+                                 {kv, kv_first, kv_len, true}, B, C, NH, NKV);
   }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, int vocab_begin,
                          int vocab_rows, const float* wpe, int B, int T, int C);
@@ -395,9 +405,14 @@ inline constexpr int kAttentionRowBlock = 64;
 // Query head h uses key/value head h / group, group = NH/NKV.
 struct AttentionLayout {
   int hs, C, Ckv, W, group;
-  // Where key/value head kvh's k and v start in a row.
-  std::size_t k_offset(int kvh) const { return std::size_t(C) + std::size_t(kvh) * hs; }
-  std::size_t v_offset(int kvh) const { return k_offset(kvh) + std::size_t(Ckv); }
+  // Where key/value head kvh's k and v start in a row of q|k|v, or of k|v alone.
+  std::size_t k_offset(int kvh, bool kv_only = false) const {
+    return std::size_t(kv_only ? 0 : C) + std::size_t(kvh) * hs;
+  }
+  std::size_t v_offset(int kvh, bool kv_only = false) const {
+    return k_offset(kvh, kv_only) + std::size_t(Ckv);
+  }
+  int width(bool kv_only) const { return kv_only ? 2 * Ckv : W; }  // a row's
 };
 // The layout of shape (B, T, C, NH, NKV); throws on a bad shape (cpu_attention.cpp).
 AttentionLayout attention_layout(int B, int T, int C, int NH, int NKV);

@@ -141,6 +141,8 @@ class CudaOps final : public Ops {
                  float dloss) override;
 
   void add(Act* out, const Act* a, const Act* b, std::size_t n) override;
+  void copy_columns(Act* dst, int dst_width, int dst_col, const Act* src, int src_width,
+                    int src_col, int rows, int cols) override;
 
  private:
   // The dtype dispatch: calls launch(args..., stream()) with each Act array argument

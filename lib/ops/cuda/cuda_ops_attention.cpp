@@ -157,7 +157,7 @@ void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* 
 void CudaOps::ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B,
                                           int C, int NH, int NKV, bool write) {
   launch_typed([](auto... args) { cuda::ring_attention_forward_step(args...); }, out,
-               static_cast<float*>(state), q.qkv, q.first, q.len, kv.qkv, kv.first, kv.len, B,
+               static_cast<float*>(state), q.rows, q.first, q.len, kv.rows, kv.first, kv.len, B,
                NH, NKV, C / NH, write);
 }
 
@@ -165,7 +165,7 @@ void CudaOps::ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, c
                                            const void* state, SeqPiece q, SeqPiece kv, int B,
                                            int C, int NH, int NKV) {
   launch_typed([](auto... args) { cuda::ring_attention_backward_step(args...); }, dq, dkv, dout,
-               out, static_cast<const float*>(state), q.qkv, q.first, q.len, kv.qkv, kv.first,
+               out, static_cast<const float*>(state), q.rows, q.first, q.len, kv.rows, kv.first,
                kv.len, B, NH, NKV, C / NH);
 }
 

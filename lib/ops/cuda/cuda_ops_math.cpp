@@ -186,4 +186,10 @@ void CudaOps::add(Act* out, const Act* a, const Act* b, std::size_t n) {
   launch_typed([](auto... args) { cuda::add(args...); }, out, a, b, n);
 }
 
+void CudaOps::copy_columns(Act* dst, int dst_width, int dst_col, const Act* src, int src_width,
+                           int src_col, int rows, int cols) {
+  launch_typed([](auto... args) { cuda::copy_columns(args...); }, dst, dst_width, dst_col, src,
+               src_width, src_col, rows, cols);
+}
+
 }  // namespace pptrain::ops

@@ -132,6 +132,32 @@ void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s) {
 }
 
 template <typename T>
+__global__ void copy_columns_kernel(T* dst, int dst_width, const T* src, int src_width, int rows,
+                                    int cols) {
+  const std::size_t n = std::size_t(rows) * cols;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t r = i / cols, c = i % cols;
+    dst[r * dst_width + c] = src[r * src_width + c];
+  }
+}
+
+template <typename T>
+void copy_columns(T* dst, int dst_width, int dst_col, const T* src, int src_width, int src_col,
+                  int rows, int cols, cudaStream_t s) {
+  PPTRAIN_CHECK(rows >= 0 && cols >= 0 && dst_col >= 0 && src_col >= 0 &&
+                    dst_col + cols <= dst_width && src_col + cols <= src_width,
+                "copy_columns: columns outside the rows");
+  if (rows == 0 || cols == 0) return;
+  PPTRAIN_CHECK(dst && src, "copy_columns: null pointer");
+  const std::size_t n = std::size_t(rows) * cols;
+  copy_columns_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(dst + dst_col, dst_width,
+                                                                     src + src_col, src_width,
+                                                                     rows, cols);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s) {
   PPTRAIN_CHECK(N >= 0 && C >= 0, "add_bias: negative size");
   if (N == 0 || C == 0) return;
@@ -195,6 +221,7 @@ void to_float(float* dst, const T* src, std::size_t n, cudaStream_t s) {
 #define PPTRAIN_INSTANTIATE(T)                                                       \
   template void add<T>(T*, const T*, const T*, std::size_t, cudaStream_t);           \
   template void add_bias<T>(T*, const T*, int, int, cudaStream_t);                   \
+  template void copy_columns<T>(T*, int, int, const T*, int, int, int, int, cudaStream_t); \
   template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);  \
   template void gelu_forward<T>(T*, const T*, std::size_t, cudaStream_t);            \
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t, cudaStream_t); \

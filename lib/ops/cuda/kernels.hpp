@@ -19,6 +19,10 @@ using bf16 = __nv_bfloat16;
 // ---- elementwise (elementwise.cu) ----
 template <typename T> void add(T* out, const T* a, const T* b, std::size_t n, cudaStream_t s);
 template <typename T> void add_bias(T* out, const T* bias, int N, int C, cudaStream_t s);
+// ops::Ops::copy_columns.
+template <typename T>
+void copy_columns(T* dst, int dst_width, int dst_col, const T* src, int src_width, int src_col,
+                  int rows, int cols, cudaStream_t s);
 // dbias[c] += sum_n dout[n,c] (deterministic: fixed reduction order, no atomics).
 // `scratch` holds at least bias_backward_scratch_floats(N, C) floats of device memory.
 template <typename T>
@@ -117,7 +121,7 @@ template <typename T>
 void causal_softmax_backward(T* datt, const T* att, float scale, int BH, int T_, cudaStream_t s);
 
 // ---- ring attention's steps (ring_attention.cu): ops::Ops::ring_attention_*_step on
-// pieces q and kv (rows of q|k|v, the position of the first) ----
+// pieces q (rows of q|k|v) and kv (rows of k|v), each with the position of its first ----
 template <typename T>
 void ring_attention_forward_step(T* out, float* lse, const T* q, int q_first, int q_len,
                                  const T* kv, int kv_first, int kv_len, int B, int NH, int NKV,

@@ -18,26 +18,28 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxHead = 128;  // the head sizes pptrain's models use
 
-// Rows of a piece: B sequences of `len` rows of W = (NH + 2 NKV) hs values each.
+// Rows of a piece: B sequences of `len` rows each; a query piece's rows are q|k|v
+// ((NH + 2 NKV) hs values), a key/value piece's k|v alone (2 NKV hs).
 template <typename T>
 struct Rows {
-  const T* qkv;
+  const T* rows;
   int first, len;
 };
 
 struct Dims {
   int B, NH, NKV, hs;
   __device__ int width() const { return (NH + 2 * NKV) * hs; }
+  __device__ int kv_width() const { return 2 * NKV * hs; }
   __device__ int group() const { return NH / NKV; }
 };
 
 template <typename T>
 __device__ const T* q_of(const Rows<T>& p, const Dims& d, int b, int row, int h) {
-  return p.qkv + (static_cast<std::size_t>(b) * p.len + row) * d.width() + h * d.hs;
+  return p.rows + (static_cast<std::size_t>(b) * p.len + row) * d.width() + h * d.hs;
 }
 template <typename T>
 __device__ const T* k_of(const Rows<T>& p, const Dims& d, int b, int row, int kvh) {
-  return p.qkv + (static_cast<std::size_t>(b) * p.len + row) * d.width() + (d.NH + kvh) * d.hs;
+  return p.rows + (static_cast<std::size_t>(b) * p.len + row) * d.kv_width() + kvh * d.hs;
 }
 template <typename T>
 __device__ const T* v_of(const Rows<T>& p, const Dims& d, int b, int row, int kvh) {
@@ -143,12 +145,12 @@ __global__ void ring_backward_dq_kernel(T* dq, const T* dout, const T* out, cons
       const ScoreGrad s = score_grad(qr, kr, v_of(kv, d, b, j, kvh), dout + at, delta, L, d.hs, scale);
       for (int c = 0; c < d.hs; ++c) acc[c] += s.g * to_f32(kr[c]);
     }
-    T* dqr = dq + (qr - q.qkv);
+    T* dqr = dq + (qr - q.rows);
     for (int c = 0; c < d.hs; ++c) dqr[c] = from_f32<T>(to_f32(dqr[c]) + scale * acc[c]);
   }
 }
 
-// dk, dv (the k and v parts of kv's rows) += the sums over the query rows that see the
+// dk, dv (dkv's rows, in kv's k|v layout) += the sums over the query rows that see the
 // key, in every query head of its group in order.
 template <typename T>
 __global__ void ring_backward_dkv_kernel(T* dkv, const T* dout, const T* out, const float* lse,
@@ -177,8 +179,8 @@ __global__ void ring_backward_dkv_kernel(T* dkv, const T* dout, const T* out, co
           dk[c] += scale * s.g * to_f32(qr[c]);
         }
       }
-    T* dkr = dkv + (kr - kv.qkv);
-    T* dvr = dkv + (vr - kv.qkv);
+    T* dkr = dkv + (kr - kv.rows);
+    T* dvr = dkv + (vr - kv.rows);
     for (int c = 0; c < d.hs; ++c) {
       dkr[c] = from_f32<T>(to_f32(dkr[c]) + dk[c]);
       dvr[c] = from_f32<T>(to_f32(dvr[c]) + dv[c]);
