@@ -72,11 +72,11 @@ void TensorParallelRegions::reduce(ops::Act* partial, ops::Act* held, int width,
   if (sum) sum->wait_in_queue();
 }
 
-const ops::Act* TensorParallelRegions::gather_rows(const ops::Act* held, ops::Act* full,
-                                                   int width, const RowsIn& consume) const {
+void TensorParallelRegions::gather_rows(const ops::Act* held, ops::Act* full, int width,
+                                        const RowsIn& consume) const {
   if (!sp_ || !beside_) {
     consume(0, rows_, gather(held, full, width));
-    return sp_ ? full : held;
+    return;
   }
   const std::size_t count = std::size_t(rows_held_) * std::size_t(width);
   std::vector<std::unique_ptr<comm::PendingOp>> blocks;
@@ -90,7 +90,6 @@ const ops::Act* TensorParallelRegions::gather_rows(const ops::Act* held, ops::Ac
     blocks[std::size_t(j)]->wait_in_queue();
     if (j != me) consume(j * rows_held_, rows_held_, row(full, j * rows_held_, width));
   }
-  return full;
 }
 
 void TensorParallelRegions::reduce_rows(ops::Act* partial, ops::Act* held, int width,

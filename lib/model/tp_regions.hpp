@@ -67,10 +67,9 @@ class TensorParallelRegions {
   using RowsOut = std::function<void(int first, int count, ops::Act* rows)>;
   // A product that reads gather(held, full, width) row by row: `consume` runs on all N
   // rows once they are gathered, or, beside, on this rank's own rows (from `held`) while
-  // every rank's block is broadcast, then on each other block as it arrives. Returns
-  // the gathered array, complete when later work runs.
-  const ops::Act* gather_rows(const ops::Act* held, ops::Act* full, int width,
-                              const RowsIn& consume) const;
+  // every rank's block is broadcast, then on each other block as it arrives. Later work
+  // finds the gathered array where gathered(held, full) says.
+  void gather_rows(const ops::Act* held, ops::Act* full, int width, const RowsIn& consume) const;
   // A product whose partial sums reduce(partial, held, width) sums: `produce` writes
   // all N rows of `partial` and then the sum runs, or, under SP beside, writes one
   // rank's block of rows at a time while the blocks before it are summed to the ranks

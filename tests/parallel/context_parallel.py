@@ -6,7 +6,7 @@ layout below (pptrain starts its own ranks through mpirun), then compares the me
 the first step's loss and gradient norm to 1e-6 relative (a loss scaled by cp, or a
 gradient summed where it should be averaged, is off by a factor of 2 or more here), and
 every step's loss, gradient norm and the final validation loss to 1e-5 relative. The
-ring's messages (a rank's q|k|v rows, 384 KiB and more) and the pipeline's are far above
+ring's messages (a rank's k|v rows, 256 KiB and more) and the pipeline's are far above
 Open MPI's eager limits, which are forced down, so every message rendezvouses.
 Checkpoints do not depend on cp: a cp 2 run saved after step 5 resumes at cp 1 (and a
 cp 1 one at cp 2, under ZeRO-1 at dp 2 the other way), and the resumed steps must give
