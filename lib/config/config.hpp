@@ -121,12 +121,14 @@ struct TrainConfig {
   int recompute_layers = 0;
 };
 
-// Whether a run on CUDA (on_cuda) or on the CPU uses the fused attention kernels. auto is
-// fused on the CPU, where the blocked kernel is as fast or faster and keeps no T x T
-// probabilities (docs/performance.md), and unfused on CUDA, where the flash-style kernel
-// has not yet run on a GPU.
-inline bool uses_fused_attention(const TrainConfig& t, bool on_cuda) {
-  return t.attention == Attention::Fused || (t.attention == Attention::Auto && !on_cuda);
+// Whether a run on CUDA (on_cuda) or on the CPU, at context-parallel degree cp, uses the
+// fused attention kernels. auto is fused on the CPU, where the blocked kernel is as fast
+// or faster and keeps no T x T probabilities (docs/performance.md); on CUDA it is fused
+// for context parallelism's ring, whose other form is plain loops, and otherwise
+// unfused, as the flash-style kernel has not yet run on a GPU.
+inline bool uses_fused_attention(const TrainConfig& t, bool on_cuda, int cp) {
+  return t.attention == Attention::Fused ||
+         (t.attention == Attention::Auto && (!on_cuda || cp > 1));
 }
 
 struct DataConfig {

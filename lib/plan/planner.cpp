@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "model/gpt.hpp"
+#include "ops/ops.hpp"
 #include "pipeline/schedule.hpp"
 #include "plan/time_model.hpp"
 #include "train/memory_plan.hpp"
@@ -175,14 +176,19 @@ std::vector<PlanRow> plan_layouts(const Config& config, const Cluster& cluster,
   std::vector<PlanRow> candidates;
   const ScheduleKind kinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
                                 ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleV};
+  // Context parallelism for long sequences, where the ring's blocks can hide under the
+  // attention; on GPUs where the ring's steps run the fused kernels (bf16, a head size
+  // they take), as the time model costs them: the loops that run otherwise are slower.
+  const ModelConfig& model = config.model;
+  Config split = config;
+  split.parallel.cp = 2;
+  const bool ring_fused = cluster.device.cpu ||
+                          (backend_traits(split, true).logsumexp_attention &&
+                           ops::cuda_fused_attention_head_size(head_size(model)));
   for (int tp : divisors(world)) {
     if (!options.tp_across_nodes && tp > cluster.gpus_per_node) continue;
     for (int cp : divisors(world / tp)) {
-    // Context parallelism for long sequences, where the ring's blocks can hide under the
-    // attention; on CPU ranks only for now, as the GPU's ring kernels are plain loops
-    // that the time model's attention GEMMs would flatter.
-    if (cp > 1 && (config.model.seq_len < kLongSequence || !cluster.device.cpu ||
-                   config.model.seq_len % (2 * cp) != 0))
+    if (cp > 1 && (!ring_fused || model.seq_len < kLongSequence || model.seq_len % (2 * cp) != 0))
       continue;
     for (int pp : divisors(world / tp / cp)) {
       const int dp = world / tp / cp / pp;

@@ -230,7 +230,7 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.sp = p.sequence_parallel;
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
-  s.fused_attention = uses_fused_attention(cfg.train, !d.cpu);
+  s.fused_attention = uses_fused_attention(cfg.train, !d.cpu, p.cp);
   // On CPU ranks the tp collectives complete before the work beside them starts (MPI
   // progresses only inside its calls): nothing hides.
   s.tp_beside = !d.cpu && activation_policy(cfg).overlap_tensor_parallel;

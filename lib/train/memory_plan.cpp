@@ -53,27 +53,32 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
 
 // What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
 // and one scratch block as large as the largest any of the model's kernels asks for: the
-// bias and norm weight-gradient column sums, or attention's (none for the ring's kernels,
-// which context parallelism runs instead). T: the positions a rank holds.
+// bias and norm weight-gradient column sums, or attention's (context parallelism's ring
+// steps instead: the fused backward's row dots of a piece, none for the loop kernels).
+// T: the positions a rank holds.
 double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
   const ModelConfig& m = c.model;
   const int tp = c.parallel.tp, B = c.parallel.micro_batch_size;
-  const int T = SequenceSplit{c.parallel.cp, 0, m.seq_len}.local_len(), N = B * T;
+  const SequenceSplit split{c.parallel.cp, 0, m.seq_len};
+  const int T = split.local_len(), N = B * T;
   const int rows_held = c.parallel.sequence_parallel ? N / tp : N;
   const int C = m.d_model, heads = m.n_head / tp, hs = m.d_model / m.n_head;
   // GPT-2: bias sums (widest: c_fc's 4C/t) and LayerNorm's two sums; llama: RMSNorm's one.
   const bool gpt = m.arch == Arch::Gpt2;
   std::size_t bias_sums = gpt ? ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)) : 0;
-  if (gpt && c.parallel.cp > 1)  // a piece's position-table gradient: B rows of len * C
-    bias_sums = std::max(bias_sums, ops::cuda_column_sum_floats(
-                                        B, SequenceSplit{c.parallel.cp, 0, m.seq_len}.piece_len() * C));
+  if (gpt && split.cp > 1)  // a piece's position-table gradient: B rows of len * C
+    bias_sums = std::max(bias_sums, ops::cuda_column_sum_floats(B, split.piece_len() * C));
   std::size_t scratch = 4 * std::max(bias_sums, (gpt ? 2 : 1) * ops::cuda_column_sum_floats(rows_held, C));
   const bool fused = be.logsumexp_attention && ops::cuda_fused_attention_head_size(hs);
   const bool probabilities_in_scratch = be.logsumexp_attention && !fused;
   for (bool backward : {false, true})
-    if (c.parallel.cp == 1)
+    if (split.cp == 1)
       scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
                                     backward, fused, probabilities_in_scratch, be.compute, B, T,
+                                    heads, hs));
+    else if (fused)
+      scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
+                                    backward, true, false, be.compute, B, split.piece_len(),
                                     heads, hs));
   // The gradient norm's partial sums (and a slot per tensor, left out: a few hundred bytes).
   scratch = std::max(scratch, ops::kCudaSumSquaresPartials * sizeof(double));
@@ -155,7 +160,7 @@ BackendTraits backend_traits(const Config& c, bool cuda) {
   t.device_memory = cuda;
   t.compute = cuda && c.train.precision != Precision::FP32 ? DType::BF16 : DType::F32;
   t.logsumexp_attention =
-      uses_fused_attention(c.train, cuda) && (!cuda || t.compute == DType::BF16);
+      uses_fused_attention(c.train, cuda, c.parallel.cp) && (!cuda || t.compute == DType::BF16);
   return t;
 }
 

@@ -9,8 +9,10 @@ within 2e-2. Each layout runs with another stream seed, so the emulated streams
 interleave differently from run to run, and every step of every layout must wait on
 the device exactly once (device_syncs: at its end, for its loss and norm), and the
 most memory any rank held is what check-config predicts, within 4 KiB. Then:
-- context parallelism: cp2 and tp2 x cp2 x pp2 in the layouts above, cp2 with
-  train.attention: fused, and llama at cp2 (the ring's kernels and its NCCL exchanges);
+- context parallelism: cp2 and tp2 x cp2 x pp2 in the layouts above (in bf16 the ring's
+  steps on the fused kernels), cp2 with train.attention: unfused (in bf16 its loop
+  kernels), and llama at cp2 (the loop kernels at head size 8, grouped key/value heads),
+  with the ring's NCCL exchanges;
 - llama: model.arch: llama with grouped-query attention, in three layouts and with the
   fused kernels, against the one-rank CPU run of that model;
 - stream waits: each cross-stream wait of lib/ (NcclContext::stream_wait's sites),
@@ -78,8 +80,9 @@ LAYOUTS = {
                                            "parallel.grad_bucket_mib=0.02"]),
 }
 PRECISIONS = {"fp32": 1e-5, "bf16": 2e-2}
-# Fused attention is a bf16 kernel on CUDA: one layout with it.
-FUSED = {"tp2_fused_bf16": ("tp2", "bf16"), "cp2_fused_bf16": ("cp2", "bf16")}
+# Fused attention is a bf16 kernel on CUDA: tp2 with it. Under cp, auto runs the ring's
+# steps on the fused kernels in bf16 (the layouts above); unfused runs its loop kernels.
+ATTENTION = {"tp2_fused_bf16": ("tp2", "bf16", "fused"), "cp2_unfused_bf16": ("cp2", "bf16", "unfused")}
 # The model: 4 layers, d_model 32, seq_len 16; a step is 8 sequences of 16 tokens.
 MODEL = ["model.n_layer=4", "model.n_head=2", "model.d_model=32", "model.seq_len=16",
          "model.vocab_size=64", "parallel.micro_batch_size=2", f"train.steps={STEPS}",
@@ -142,13 +145,13 @@ def check_layouts(names, work, failures):
                   f"device_syncs {syncs}, {took:.0f} s -> {'ok' if ok else 'FAIL'}", flush=True)
             if not ok:
                 failures.append(label)
-    for label, (like, precision) in FUSED.items():
+    for label, (like, precision, attention) in ATTENTION.items():
         tp, pp, dp, mb, extra = LAYOUTS[like]
         rows, _ = run(EMULATED, work, label, settings(tp, pp, dp, mb, extra) +
-                      ["device=cuda", f"train.precision={precision}", "train.attention=fused"])
+                      ["device=cuda", f"train.precision={precision}", f"train.attention={attention}"])
         diff = worst(rows, reference[dp * mb])
         ok = len(rows) == STEPS and diff <= PRECISIONS[precision] and one_wait(rows)
-        print(f"{label:28} fused attention: worst {diff:.1e}, device_syncs "
+        print(f"{label:28} {attention} attention: worst {diff:.1e}, device_syncs "
               f"{[r.get('device_syncs') for r in rows]} -> {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             failures.append(label)
@@ -464,7 +467,7 @@ def main():
     check_auto_layout(work, failures, reference)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
-    checks = 2 * len(names) * len(PRECISIONS) + len(FUSED) + len(LLAMA) + len(stream_wait_sites())
+    checks = 2 * len(names) * len(PRECISIONS) + len(ATTENTION) + len(LLAMA) + len(stream_wait_sites())
     print(f"{checks + 16} passed, 0 failed")
 
 

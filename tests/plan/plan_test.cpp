@@ -202,7 +202,7 @@ Cluster cpus(int ranks) {
                        "c.yaml");
 }
 
-// Context parallelism: at 16K positions on CPU ranks the search splits sequences; a
+// Context parallelism: at 16K positions the search splits sequences; a
 // cp 2 layout does half a cp 1 rank's attention, and its ring hides under it; the
 // memory of a rank falls.
 TEST(Planner, ContextParallelismForLongSequences) {
@@ -220,9 +220,19 @@ TEST(Planner, ContextParallelismForLongSequences) {
     cps.insert(r.cp);
   }
   EXPECT_EQ(cps, (std::set<int>{1, 2, 4}));
-  EXPECT_TRUE(std::none_of(plan_layouts(c, gpus(1, 4), {}).begin(),
-                           plan_layouts(c, gpus(1, 4), {}).end(),
-                           [](const PlanRow& r) { return r.cp > 1; }));
+  // On GPUs where the ring runs the fused kernels (bf16, attention auto or fused), not
+  // where it would run the loop kernels (fp32, or attention unfused).
+  auto splits = [&](const Config& config) {
+    const std::vector<PlanRow> on_gpus = plan_layouts(config, gpus(1, 4), {});
+    return std::any_of(on_gpus.begin(), on_gpus.end(), [](const PlanRow& r) { return r.cp > 1; });
+  };
+  EXPECT_TRUE(splits(c));
+  Config loops = c;
+  loops.train.precision = Precision::FP32;
+  EXPECT_FALSE(splits(loops));
+  loops = c;
+  loops.train.attention = Attention::Unfused;
+  EXPECT_FALSE(splits(loops));
   PlanOptions only;
   only.this_layout = true;
   c.parallel.micro_batches = 1;

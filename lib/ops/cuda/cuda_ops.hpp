@@ -158,6 +158,8 @@ class CudaOps final : public Ops {
   cudaStream_t stream() const { return stream_.get(); }
   // True when attention uses the fused kernels' state (the rows' logsumexp).
   bool flash_active() const { return flash_attention_ && dtype_ == DType::BF16; }
+  // True when the ring's steps run the fused kernels on pieces for head size hs.
+  bool flash_ring(int hs) const;
   // The unfused attention's pieces (cuda_ops_attention.cpp): q, k, v split into NH heads
   // each and att = causal softmax of the scaled scores; and the backward from there.
   void attention_probs(Act* att, Act* q, Act* k, Act* v, const Act* qkv, int B, int T, int NH,

@@ -154,8 +154,32 @@ void CudaOps::attention_unfused_backward(Act* dqkv, const Act* dout, const Act* 
                NKV, hs);
 }
 
+// Ring steps: with the fused kernels on (and a head size they take) the flash kernels on
+// the pieces, else ring_attention.cu's loops.
+bool CudaOps::flash_ring(int hs) const {
+  return flash_active() && cuda::flash_attention_supported(hs, max_smem_optin_);
+}
+
+namespace {
+cuda::FlashRows query_rows(const Ops::SeqPiece& q, int C, int NH, int NKV) {
+  const int hs = C / NH;
+  return {C + 2 * NKV * hs, q.first, q.len, 0, 0};
+}
+cuda::FlashRows key_rows(const Ops::SeqPiece& kv, int C, int NH, int NKV) {
+  const int hs = C / NH;
+  return {2 * NKV * hs, kv.first, kv.len, 0, NKV * hs};
+}
+}  // namespace
+
 void CudaOps::ring_attention_forward_step(Act* out, void* state, SeqPiece q, SeqPiece kv, int B,
                                           int C, int NH, int NKV, bool write) {
+  if (flash_ring(C / NH)) {
+    cuda::flash_attention_forward_piece(
+        typed<cuda::bf16>(out), static_cast<float*>(state), typed<cuda::bf16>(q.rows),
+        query_rows(q, C, NH, NKV), typed<cuda::bf16>(kv.rows), key_rows(kv, C, NH, NKV), B, NH,
+        NKV, C / NH, write, stream());
+    return;
+  }
   launch_typed([](auto... args) { cuda::ring_attention_forward_step(args...); }, out,
                static_cast<float*>(state), q.rows, q.first, q.len, kv.rows, kv.first, kv.len, B,
                NH, NKV, C / NH, write);
@@ -164,6 +188,15 @@ void CudaOps::ring_attention_forward_step(Act* out, void* state, SeqPiece q, Seq
 void CudaOps::ring_attention_backward_step(Act* dq, Act* dkv, const Act* dout, const Act* out,
                                            const void* state, SeqPiece q, SeqPiece kv, int B,
                                            int C, int NH, int NKV) {
+  if (flash_ring(C / NH)) {
+    void* ws = workspace(cuda::flash_attention_backward_workspace_bytes(B, q.len, NH));
+    cuda::flash_attention_backward_piece(
+        typed<cuda::bf16>(dq), typed<cuda::bf16>(dkv), typed<cuda::bf16>(dout),
+        typed<cuda::bf16>(out), static_cast<const float*>(state), ws, typed<cuda::bf16>(q.rows),
+        query_rows(q, C, NH, NKV), typed<cuda::bf16>(kv.rows), key_rows(kv, C, NH, NKV), B, NH,
+        NKV, C / NH, stream());
+    return;
+  }
   launch_typed([](auto... args) { cuda::ring_attention_backward_step(args...); }, dq, dkv, dout,
                out, static_cast<const float*>(state), q.rows, q.first, q.len, kv.rows, kv.first,
                kv.len, B, NH, NKV, C / NH);

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "ops/cuda/flash_attention.hpp"
 #include "ops/cuda/kernel_util.cuh"
 
 namespace pptrain::ops::cuda::flash {
@@ -53,18 +54,38 @@ struct Smem {
   static_assert(result <= 2 * scores, "the [16][D] result must fit in scores + dP");
 };
 
-// Where the heads are in qkv: rows of NH query heads, then NKV key heads and NKV value
-// heads, of D elements each; offsets of row 0 of batch b (of T rows).
-struct QkvLayout {
-  int NH, NKV, D, T;
-  __device__ std::size_t ld() const { return static_cast<std::size_t>(NH + 2 * NKV) * D; }
-  __device__ std::size_t q(int b, int h) const {
-    return static_cast<std::size_t>(b) * T * ld() + static_cast<std::size_t>(h) * D;
+// The rows a launch reads, as flash_attention.hpp's FlashRows give them, with the head
+// layout: row 0 of sequence b's query head h, key and value head g; and which keys each
+// query sees, causal by position in the whole sequence (query i of the query rows and key
+// j of the key rows are at positions q.first + i and kv.first + j).
+struct Pieces {
+  FlashRows q, kv;
+  int NH, NKV, D;
+  __device__ std::size_t q_at(int b, int h) const {
+    return static_cast<std::size_t>(b) * q.len * q.ld + static_cast<std::size_t>(h) * D;
   }
-  __device__ std::size_t k(int b, int kvh) const { return q(b, NH + kvh); }
-  __device__ std::size_t v(int b, int kvh) const { return q(b, NH + NKV + kvh); }
+  __device__ std::size_t k_at(int b, int g) const {
+    return static_cast<std::size_t>(b) * kv.len * kv.ld + kv.k_col + static_cast<std::size_t>(g) * D;
+  }
+  __device__ std::size_t v_at(int b, int g) const { return k_at(b, g) - kv.k_col + kv.v_col; }
+  // Row 0 of sequence b's head h in an output of the query rows' shape, [B, q.len, NH*D].
+  __device__ std::size_t out_at(int b, int h) const {
+    return (static_cast<std::size_t>(b) * q.len * NH + h) * D;
+  }
   // The key/value head of query head h.
   __device__ int kv_head(int h) const { return h / (NH / NKV); }
+  __device__ bool sees(int query, int key) const {
+    return key <= query + q.first - kv.first && key < kv.len && query < q.len;
+  }
+  // The end of the keys that any query of the tile [q0, q0 + kTile) sees.
+  __device__ int keys_end(int q0) const {
+    return max(0, min(kv.len, q0 + kTile + q.first - kv.first));
+  }
+  // The first query tile that holds a query seeing key k0.
+  __device__ int first_query_tile(int k0) const {
+    const int query = k0 - (q.first - kv.first);
+    return query <= 0 ? 0 : query / kTile * kTile;
+  }
 };
 
 __device__ __forceinline__ unsigned char* dynamic_smem() {
@@ -102,15 +123,17 @@ __device__ inline void load_rows(float* dst, const float* src, int row0, int T) 
 }
 
 // The warp's 16 rows of src (fp32, stride ld) times mul, rounded to bf16, to rows
-// row0.. of dst (row stride gld) that are < T.
+// row0.. of dst (row stride gld) that are < T; with `add`, added to what dst holds.
 template <int D>
 __device__ void store_rows(bf16* dst, std::size_t gld, int row0, int T, const float* src, int ld,
-                           float mul) {
+                           float mul, bool add) {
   const int lane = threadIdx.x % 32;
   for (int e = lane; e < 16 * D; e += 32) {
     const int r = e / D, c = e % D;
-    if (row0 + r < T)
-      dst[static_cast<std::size_t>(row0 + r) * gld + c] = __float2bfloat16_rn(src[r * ld + c] * mul);
+    if (row0 + r >= T) continue;
+    bf16& d = dst[static_cast<std::size_t>(row0 + r) * gld + c];
+    const float x = src[r * ld + c] * mul;
+    d = __float2bfloat16_rn(add ? __bfloat162float(d) + x : x);
   }
 }
 

@@ -1,10 +1,11 @@
 // Ring attention's steps (context parallelism) on the GPU: the queries of one piece of
 // the sequence against the keys and values of another, causal by position in the whole
 // sequence, merged into a running output and log-sum-exp (ops::Ops's contract; the CPU's
-// blocked kernels are the reference). Plain fp32 loops, one thread per query row (the
-// forward and the query gradient) or per key row (the key and value gradients, over the
-// rows of every query head of its group in order): correct and deterministic, not yet
-// fast; the tensor-core flash kernels on pieces are what comes next.
+// blocked kernels are the reference), where the fused kernels do not run them (fp32,
+// train.attention: unfused, or a head size they do not take; cuda_ops_attention.cpp).
+// Plain loops with fp32 sums, one thread per query row (the forward and the query
+// gradient) or per key row (the key and value gradients, over the rows of every query
+// head of its group in order): correct and deterministic, not fast.
 #include <cmath>
 #include <string>
 

@@ -2,11 +2,14 @@
 // CUDA emulator against the CPU backend's attention (fp32, on the same bf16-rounded
 // inputs): output, logsumexp and the three gradients, for head sizes 16 and 64, sequences
 // of one row, of part of a tile, of one whole tile and of several tiles, with 16-byte
-// aligned and misaligned qkv, with as many key/value heads as query heads and with fewer.
+// aligned and misaligned qkv, with as many key/value heads as query heads and with fewer;
+// and the same kernels on pieces of the sequence against the CPU's ring steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -122,6 +125,105 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlash,
                          [](const ::testing::TestParamInfo<FlashShape>& p) {
                            std::ostringstream o;
                            o << "T" << p.param.T << "_hs" << p.param.hs;
+                           if (p.param.NKV != p.param.NH)
+                             o << "_nh" << p.param.NH << "_kv" << p.param.NKV;
+                           o << (p.param.skew ? "_misaligned" : "");
+                           return o.str();
+                         });
+
+// Ring attention's steps on the fused kernels (flash_attention_*_piece) against the CPU
+// backend's ring steps (fp32, on the same bf16-rounded inputs). The queries of a piece
+// at positions F = 2 len + 10 .. meet the k|v rows of their own piece (written), then
+// merge a piece wholly before them, one that overlaps them at an offset no tile divides,
+// one wholly after them (no row sees it: out and lse stay), and a longer one; the
+// backward steps against the same pieces add to gradients that hold random values.
+struct RingShape {
+  int B, len, NH, NKV, hs, skew;
+  int C() const { return NH * hs; }
+  int Wkv() const { return 2 * NKV * hs; }
+  int W() const { return C() + Wkv(); }
+};
+
+class EmulatedFlashRing : public ::testing::TestWithParam<RingShape> {
+ protected:
+  ops::CpuOps cpu{1};
+};
+
+TEST_P(EmulatedFlashRing, StepsMatchCpu) {
+  const RingShape s = GetParam();
+  const int F = 2 * s.len + 10, B = s.B, C = s.C();
+  struct KeyPiece {
+    const char* name;
+    int first, len;
+  };
+  const std::vector<KeyPiece> pieces = {{"own", F, s.len},
+                                        {"before", s.len + 5, s.len},
+                                        {"overlapping", F - s.len / 2 - 3, s.len},
+                                        {"after", F + s.len, s.len},
+                                        {"longer", F - 20, s.len + 29}};
+  const std::size_t n_out = std::size_t(B) * s.len * C, n_q = std::size_t(B) * s.len * s.W();
+  const std::size_t n_lse = std::size_t(B) * s.NH * s.len;
+  const std::vector<float> q = rounded<bf16>(randn(n_q, 1)), dout = rounded<bf16>(randn(n_out, 2));
+  std::vector<std::vector<float>> kv;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    std::vector<float> rows = rounded<bf16>(randn(std::size_t(B) * pieces[i].len * s.Wkv(), 10 + i));
+    if (i == 0)  // the own piece: the k|v columns of the queries' rows
+      for (std::size_t r = 0; r < std::size_t(B) * s.len; ++r)
+        std::copy_n(q.begin() + r * s.W() + C, s.Wkv(), rows.begin() + r * s.Wkv());
+    kv.push_back(std::move(rows));
+  }
+  Device<bf16> d_q(q, s.skew), d_dout(dout, s.skew), out(n_out);
+  Device<float> lse(n_lse);
+  std::vector<std::unique_ptr<Device<bf16>>> d_kv;
+  for (const auto& rows : kv) d_kv.push_back(std::make_unique<Device<bf16>>(rows, s.skew));
+  const kern::FlashRows q_rows{s.W(), F, s.len, 0, 0};
+  auto kv_rows = [&](std::size_t i) {
+    return kern::FlashRows{s.Wkv(), pieces[i].first, pieces[i].len, 0, s.NKV * s.hs};
+  };
+  std::vector<float> want_out(n_out), want_lse(n_lse);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    kern::flash_attention_forward_piece(out.get(), lse.get(), d_q.get(), q_rows, d_kv[i]->get(),
+                                        kv_rows(i), B, s.NH, s.NKV, s.hs, i == 0, nullptr);
+    cpu.ring_forward_step(want_out.data(), want_lse.data(), q.data(), F, s.len, kv[i].data(),
+                          pieces[i].first, pieces[i].len, B, C, s.NH, s.NKV, i == 0);
+  }
+  EXPECT_TRUE(all_close(out.read(), want_out, 2e-2)) << "out, " << s.len << " rows";
+  EXPECT_TRUE(all_close(lse.read(), want_lse, 1e-4)) << "lse, " << s.len << " rows";
+
+  // The CPU's backward reads the kernels' out, rounded to bf16 as the device holds it.
+  const std::vector<float> final_out = out.read(), final_lse = lse.read();
+  std::vector<float> want_dq = rounded<bf16>(randn(n_q, 3));
+  Device<bf16> dq(want_dq, s.skew);
+  Device<unsigned char> workspace(kern::flash_attention_backward_workspace_bytes(B, s.len, s.NH));
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    std::vector<float> want_dkv = rounded<bf16>(randn(kv[i].size(), 20 + i));
+    Device<bf16> dkv(want_dkv, s.skew);
+    kern::flash_attention_backward_piece(dq.get(), dkv.get(), d_dout.get(), out.get(), lse.get(),
+                                         workspace.get(), d_q.get(), q_rows, d_kv[i]->get(),
+                                         kv_rows(i), B, s.NH, s.NKV, s.hs, nullptr);
+    cpu.ring_backward_step(want_dq.data(), want_dkv.data(), dout.data(), final_out.data(),
+                           final_lse.data(), q.data(), F, s.len, kv[i].data(), pieces[i].first,
+                           pieces[i].len, B, C, s.NH, s.NKV);
+    double largest = 0.0;
+    for (float x : want_dkv) largest = std::fmax(largest, std::fabs(x));
+    EXPECT_TRUE(all_close(dkv.read(), want_dkv, 2e-2, 1e-3 * largest))
+        << "dkv of the " << pieces[i].name << " piece, " << s.len << " rows";
+  }
+  double largest = 0.0;
+  for (float x : want_dq) largest = std::fmax(largest, std::fabs(x));
+  EXPECT_TRUE(all_close(dq.read(), want_dq, 2e-2, 1e-3 * largest)) << "dq, " << s.len << " rows";
+}
+
+// Head sizes 16 and 64, pieces of part of a tile, one tile and several; grouped
+// key/value heads; misaligned rows (the element-wise tile loads).
+INSTANTIATE_TEST_SUITE_P(Pieces, EmulatedFlashRing,
+                         ::testing::Values(RingShape{2, 37, 2, 2, 16, 0},   //
+                                           RingShape{1, 64, 2, 2, 64, 0},   //
+                                           RingShape{1, 130, 4, 2, 16, 0},  //
+                                           RingShape{1, 37, 4, 1, 64, 1}),
+                         [](const ::testing::TestParamInfo<RingShape>& p) {
+                           std::ostringstream o;
+                           o << "len" << p.param.len << "_hs" << p.param.hs;
                            if (p.param.NKV != p.param.NH)
                              o << "_nh" << p.param.NH << "_kv" << p.param.NKV;
                            o << (p.param.skew ? "_misaligned" : "");
