@@ -113,41 +113,48 @@ TEST(AutoLayout, OneCpuRankUnlessLaunchedWithMore) {
   EXPECT_DOUBLE_EQ(four.device.reserved_gib, four.device.memory_gib / 10);
 }
 
-// At 16K positions on CPU ranks whose memory holds a cp 2 rank but no layout without
-// cp, auto splits the sequences, and the --set lines carry cp; a cp the config gives is
-// kept (cp 1 here: then nothing fits).
+// At 16K positions on ranks whose memory holds a cp 2 rank but no layout without cp,
+// auto splits the sequences, and the --set lines carry cp; a cp the config gives is kept
+// (cp 1 here: then nothing fits). On CPU ranks, and on GPUs (bf16, where the ring runs
+// the fused kernels).
 TEST(AutoLayout, ChoosesContextParallelismWhereNothingElseFits) {
-  const std::string yaml =
-      "model: {n_layer: 2, n_head: 4, d_model: 64, seq_len: 16384, vocab_size: 256}\n"
-      "parallel: {layout: auto, micro_batches: 4, micro_batch_size: 1}\ndevice: cpu\n";
-  const Config c = parse_config(yaml, "long.yaml");
-  Cluster cpus;
-  cpus.gpus_per_node = 4;
-  cpus.device = device_preset("cpu");
-  cpus.intra_node = preset_intra_node("cpu");
-  cpus.inter_node = preset_inter_node("cpu");
-  PlanOptions all;
-  all.all = true;
-  double least_without = 1e300, least_with = 1e300;
-  for (const PlanRow& r : plan_layouts(c, cpus, all)) {
-    if (!r.dropped.empty()) continue;
-    (r.cp == 1 ? least_without : least_with) = std::min(r.cp == 1 ? least_without : least_with,
-                                                        r.peak_memory_mib);
+  for (const char* device : {"cpu", "cuda"}) {
+    SCOPED_TRACE(device);
+    const std::string yaml =
+        "model: {n_layer: 2, n_head: 4, d_model: 64, seq_len: 16384, vocab_size: 256}\n"
+        "parallel: {layout: auto, micro_batches: 4, micro_batch_size: 1}\ndevice: " +
+        std::string(device) + "\n";
+    const Config c = parse_config(yaml, "long.yaml");
+    Cluster four = gpus(4, 80);
+    if (device == std::string("cpu")) {
+      four.device = device_preset("cpu");
+      four.intra_node = preset_intra_node("cpu");
+      four.inter_node = preset_inter_node("cpu");
+    }
+    PlanOptions all;
+    all.all = true;
+    double least_without = 1e300, least_with = 1e300;
+    for (const PlanRow& r : plan_layouts(c, four, all)) {
+      if (!r.dropped.empty()) continue;
+      (r.cp == 1 ? least_without : least_with) = std::min(r.cp == 1 ? least_without : least_with,
+                                                          r.peak_memory_mib);
+    }
+    ASSERT_LT(least_with, least_without);
+    // Room for the least a cp layout needs, not for any layout without cp.
+    four.device.memory_gib = (least_with + least_without) / 2 / 1024 + four.device.reserved_gib;
+    four.source = describe_machine(four);
+    const AutoLayout a = choose_layout(c, four);
+    EXPECT_GT(a.config.parallel.cp, 1);
+    EXPECT_EQ(world_size(a.config), 4);
+    EXPECT_EQ(tokens_per_step(a.config), tokens_per_step(c));
+    std::vector<std::string> sets = a.sets;
+    sets.push_back("parallel.layout=manual");
+    EXPECT_EQ(to_yaml(parse_config(yaml, "long.yaml", sets)), to_yaml(a.config));
+    EXPECT_THROW(choose_layout(parse_config(yaml, "long.yaml", {"parallel.cp=1"}), four),
+                 InputError);
+    // A cp > 1 given with auto is refused: give the whole layout.
+    EXPECT_THROW(parse_config(yaml, "long.yaml", {"parallel.cp=2"}), InputError);
   }
-  ASSERT_LT(least_with, least_without);
-  // Room for the least a cp layout needs, not for any layout without cp.
-  cpus.device.memory_gib = (least_with + least_without) / 2 / 1024 + cpus.device.reserved_gib;
-  cpus.source = describe_machine(cpus);
-  const AutoLayout a = choose_layout(c, cpus);
-  EXPECT_GT(a.config.parallel.cp, 1);
-  EXPECT_EQ(world_size(a.config), 4);
-  EXPECT_EQ(tokens_per_step(a.config), tokens_per_step(c));
-  std::vector<std::string> sets = a.sets;
-  sets.push_back("parallel.layout=manual");
-  EXPECT_EQ(to_yaml(parse_config(yaml, "long.yaml", sets)), to_yaml(a.config));
-  EXPECT_THROW(choose_layout(parse_config(yaml, "long.yaml", {"parallel.cp=1"}), cpus), InputError);
-  // A cp > 1 given with auto is refused: give the whole layout.
-  EXPECT_THROW(parse_config(yaml, "long.yaml", {"parallel.cp=2"}), InputError);
 }
 
 TEST(AutoLayout, TheConfigKnowsWhichKeysItGives) {
