@@ -54,6 +54,14 @@ struct AdamWStep {
   const float* control = nullptr;
 };
 
+// One parameter tensor's part of a multi-tensor AdamW update: n elements from index
+// `arena` of the gradients (and of the weight copy), `param` of the parameters and
+// `state` of the moments, with its weight decay (0 for biases and norms).
+struct AdamWSegment {
+  std::size_t arena, param, state, n;
+  float weight_decay;
+};
+
 // One fp32 array in backend memory, for sum_squares.
 struct Span {
   const float* data;
@@ -140,10 +148,19 @@ class Ops {
   // control[0] = float(grad_clip / (norm + 1e-6)) when grad_clip > 0 and norm > grad_clip,
   // else 1; control[1] = 1 when stats[0] and norm are finite, else 0 (no update).
   virtual void update_control(float* control, const double* stats, double grad_clip) = 0;
-  // One AdamW update of n elements: g = grad_scale * grads; m, v updated; params
-  // updated (decoupled weight decay); weights (if not null) = params in compute dtype.
-  virtual void adamw(float* params, Act* weights, const float* grads, float* m, float* v,
-                     std::size_t n, const AdamWStep& h) = 0;
+  // One AdamW update of every segment (multi-tensor: one pass, not one per tensor):
+  // g = grad_scale * grads; m, v updated; params updated (decoupled weight decay, the
+  // segment's; h.weight_decay is not read); weights (if not null) = params in compute
+  // dtype. Each element's arithmetic is its own: the bits do not depend on how the
+  // elements are split into segments.
+  virtual void adamw_segments(float* params, Act* weights, const float* grads, float* m,
+                              float* v, const std::vector<AdamWSegment>& segments,
+                              const AdamWStep& h) = 0;
+  // The same for one tensor of n elements with h.weight_decay.
+  void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
+             const AdamWStep& h) {
+    adamw_segments(params, weights, grads, m, v, {{0, 0, 0, n, h.weight_decay}}, h);
+  }
 
   // ---- Matrix products ----
   // C[M,N] = alpha * op(A) @ op(B) + beta * C. op(A) is [M,K], op(B) is [K,N];

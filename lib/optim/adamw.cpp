@@ -54,13 +54,38 @@ void AdamW::upload_ranges(float* packed, const float* host_arena) {
 
 void AdamW::step(float* params, ops::Act* weights, const float* grads, float lr,
                  float grad_scale, int64_t t, const float* control) {
-  for (std::size_t i = 0; i < ranges_.size(); ++i)
-    step_range(i, params, weights, grads, lr, grad_scale, t, control);
+  std::vector<ops::AdamWSegment> segments;
+  for (std::size_t i = 0; i < ranges_.size(); ++i) add_segments(i, segments);
+  update(segments, params, weights, grads, lr, grad_scale, t, control);
 }
 
 void AdamW::step_range(std::size_t i, float* params, ops::Act* weights, const float* grads,
                        float lr, float grad_scale, int64_t t, const float* control) {
+  std::vector<ops::AdamWSegment> segments;
+  add_segments(i, segments);
+  update(segments, params, weights, grads, lr, grad_scale, t, control);
+}
+
+// The entries' parts inside range i, each with its weight decay: the arena index, the
+// parameter index (the arena's, or the optimizer's master packed as the moments are)
+// and the moments' index.
+void AdamW::add_segments(std::size_t i, std::vector<ops::AdamWSegment>& segments) const {
+  const auto [begin, end] = ranges_[i];
+  for (const ParamEntry& e : layout_.entries()) {
+    const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
+    if (lo >= hi) continue;
+    const std::size_t state = offsets_[i] + (lo - begin);
+    segments.push_back({lo, master_.get() ? state : lo, state, hi - lo,
+                        e.decay ? float(weight_decay_) : 0.0f});
+  }
+}
+
+void AdamW::update(const std::vector<ops::AdamWSegment>& segments, float* params,
+                   ops::Act* weights, const float* grads, float lr, float grad_scale, int64_t t,
+                   const float* control) {
   PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
+  PPTRAIN_CHECK((params == nullptr) == (master_.get() != nullptr),
+                "AdamW: parameters come from the caller or from the optimizer's master, not both");
   // 1 - beta and the bias corrections once per step, in double, then used as fp32
   // factors.
   ops::AdamWStep h{};
@@ -74,22 +99,8 @@ void AdamW::step_range(std::size_t i, float* params, ops::Act* weights, const fl
   h.inv_bias_correction2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
   h.grad_scale = grad_scale;
   h.control = control;
-  const DType dt = ops_.compute_dtype();
-  const auto [begin, end] = ranges_[i];
-  PPTRAIN_CHECK((params == nullptr) == (master_.get() != nullptr),
-                "AdamW: parameters come from the caller or from the optimizer's master, not both");
-  float* m = m_.f32() + offsets_[i];  // the range's moments and master, from element `begin`
-  float* v = v_.f32() + offsets_[i];
-  float* master = master_.get() ? master_.f32() + offsets_[i] : nullptr;
-  for (const ParamEntry& e : layout_.entries()) {
-    // The part of the entry inside the range.
-    const std::size_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.numel, end);
-    if (lo >= hi) continue;
-    h.weight_decay = e.decay ? float(weight_decay_) : 0.0f;
-    float* p = master ? master + (lo - begin) : params + lo;
-    ops_.adamw(p, weights ? ops::advance(weights, lo, dt) : nullptr, grads + lo,
-               m + (lo - begin), v + (lo - begin), hi - lo, h);
-  }
+  ops_.adamw_segments(master_.get() ? master_.f32() : params, weights, grads, m_.f32(), v_.f32(),
+                      segments, h);
 }
 
 std::vector<ops::Span> grad_spans(const ParamLayout& layout, const float* grads,

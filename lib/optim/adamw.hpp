@@ -37,8 +37,8 @@ class AdamW {
   AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
         std::vector<Range> ranges = {{0, SIZE_MAX}}, bool holds_master = false);
 
-  // One update of every entry in range; params and grads are arenas of
-  // layout.total_floats() in backend memory (only the ranges are read or written);
+  // One update of every entry in range, in one multi-tensor pass; params and grads are
+  // arenas of layout.total_floats() in backend memory (only the ranges are read or written);
   // params is null when the optimizer holds the master. When `weights` is not null the
   // updated elements are also written there in the backend's compute dtype (the model's
   // weight copy). `control` (backend memory; may be null): ops::AdamWStep::control,
@@ -63,6 +63,10 @@ class AdamW {
   std::size_t size() const { return offsets_.back(); }
 
  private:
+  void add_segments(std::size_t i, std::vector<ops::AdamWSegment>& segments) const;
+  void update(const std::vector<ops::AdamWSegment>& segments, float* params, ops::Act* weights,
+              const float* grads, float lr, float grad_scale, int64_t t, const float* control);
+
   ops::Ops& ops_;
   ParamLayout layout_;
   double beta1_, beta2_, eps_, weight_decay_;

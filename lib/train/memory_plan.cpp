@@ -80,7 +80,7 @@ double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
       scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
                                     backward, true, false, be.compute, B, split.piece_len(),
                                     heads, hs));
-  // The gradient norm's partial sums (and a slot per tensor, left out: a few hundred bytes).
+  // The gradient norm's partial sums (and one more per tensor, left out: a few hundred bytes).
   scratch = std::max(scratch, ops::kCudaSumSquaresPartials * sizeof(double));
   return double(ops::kCudaGemmWorkspaceBytes + scratch);
 }

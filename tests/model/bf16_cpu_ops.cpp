@@ -126,11 +126,14 @@ class StorageCpuOps final : public ops::Fp32Forwarding<StorageCpuOps<Arrays>, Ar
   }
   std::size_t mark() override { return cpu_.mark(); }
   std::vector<double> take_marks() override { return cpu_.take_marks(); }
-  void adamw(float* p, Act* weights, const float* g, float* m, float* v, std::size_t n,
-             const ops::AdamWStep& h) override {
-    cpu_.adamw(p, nullptr, g, m, v, n, h);
+  void adamw_segments(float* p, Act* weights, const float* g, float* m, float* v,
+                      const std::vector<ops::AdamWSegment>& segments,
+                      const ops::AdamWStep& h) override {
+    cpu_.adamw_segments(p, nullptr, g, m, v, segments, h);
     const bool skipped = h.control && h.control[1] == 0.0f;
-    if (weights && !skipped) to_compute(weights, p, n);
+    if (weights && !skipped)
+      for (const ops::AdamWSegment& s : segments)
+        to_compute(ops::advance(weights, s.arena, compute_dtype()), p + s.param, s.n);
   }
 
   // The CPU's unblocked attention; its state is the fp32 probabilities.

@@ -310,5 +310,40 @@ TEST(UpdateControl, ASkippedUpdateChangesNothing) {
   EXPECT_EQ(v, v2);
 }
 
+// The multi-tensor update is the per-tensor one, bit for bit, however the threads split
+// the elements: segments of every size, with their own weight decay, moments packed
+// apart from the arena, on one thread and on two.
+TEST(AdamWSegments, EqualThePerTensorUpdateOnAnyThreadCount) {
+  ops::AdamWStep h{1e-3f, 0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.0f, 10.0f, 20.0f, 0.75f};
+  std::vector<ops::AdamWSegment> segments;
+  std::size_t arena = 0, state = 5;
+  for (std::size_t i = 0; i < 40; ++i) {
+    const std::size_t n = i % 3 == 0 ? 1 + i : 20000 + 7 * i;
+    segments.push_back({arena, arena, state, n, i % 2 ? 0.1f : 0.0f});
+    arena += n + 3, state += n;
+  }
+  auto filled = [](std::size_t n, float scale) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = scale * float((i * 7919) % 1000) / 1000.0f;
+    return x;
+  };
+  const std::vector<float> p0 = filled(arena, 1.0f), g = filled(arena, -0.5f);
+  const std::vector<float> m0 = filled(state, 0.1f), v0 = filled(state, 0.01f);
+  std::vector<float> p = p0, m = m0, v = v0;
+  for (const ops::AdamWSegment& s : segments) {
+    h.weight_decay = s.weight_decay;
+    cpu().adamw(p.data() + s.param, nullptr, g.data() + s.arena, m.data() + s.state,
+                v.data() + s.state, s.n, h);
+  }
+  for (int threads : {1, 2}) {
+    const auto ops = ops::make_cpu_ops(threads);
+    std::vector<float> p1 = p0, m1 = m0, v1 = v0;
+    ops->adamw_segments(p1.data(), nullptr, g.data(), m1.data(), v1.data(), segments, h);
+    EXPECT_EQ(p1, p) << threads << " threads";
+    EXPECT_EQ(m1, m) << threads << " threads";
+    EXPECT_EQ(v1, v) << threads << " threads";
+  }
+}
+
 }  // namespace
 }  // namespace pptrain

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <new>
 
+#include <omp.h>
+
 #include <sys/mman.h>
 
 #include "core/aligned_buffer.hpp"
@@ -113,28 +115,35 @@ void CpuOps::to_float(float* dst, const Act* src, std::size_t n) { copy(dst, src
 
 double CpuOps::sum_squares(const std::vector<Span>& spans) {
   // Each span in chunks of kChunk elements, each chunk with eight interleaved partial
-  // sums (so the fp64 adds form no long dependency chain); the chunks are summed in
-  // order. A fixed pattern: the result does not depend on the thread count.
+  // sums (so the fp64 adds form no long dependency chain); the chunks of all spans are
+  // summed in one parallel pass, then added in order. A fixed pattern: the result does
+  // not depend on the thread count.
   constexpr std::size_t kLanes = 8, kChunk = std::size_t(1) << 16;
-  double total = 0.0;
-  for (const Span& s : spans) {
-    const std::ptrdiff_t chunks = static_cast<std::ptrdiff_t>((s.n + kChunk - 1) / kChunk);
-    double* part = double_scratch(static_cast<std::size_t>(chunks));
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (std::ptrdiff_t c = 0; c < chunks; ++c) {
-      const float* g = s.data + static_cast<std::size_t>(c) * kChunk;
-      const std::size_t n = std::min(kChunk, s.n - static_cast<std::size_t>(c) * kChunk);
-      double lane[kLanes] = {};
-      std::size_t i = 0;
-      for (; i + kLanes <= n; i += kLanes)
-        for (std::size_t k = 0; k < kLanes; ++k) lane[k] += double(g[i + k]) * double(g[i + k]);
-      for (std::size_t k = 0; i < n; ++i, ++k) lane[k] += double(g[i]) * double(g[i]);
-      double sum = 0.0;
-      for (double l : lane) sum += l;
-      part[c] = sum;
-    }
-    for (std::ptrdiff_t c = 0; c < chunks; ++c) total += part[c];
+  struct Chunk {
+    const float* data;
+    std::size_t n;
+  };
+  std::vector<Chunk> chunks;
+  for (const Span& s : spans)
+    for (std::size_t at = 0; at < s.n; at += kChunk)
+      chunks.push_back({s.data + at, std::min(kChunk, s.n - at)});
+  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(chunks.size());
+  double* part = double_scratch(chunks.size());
+#pragma omp parallel for schedule(static) if (count > 1)
+  for (std::ptrdiff_t c = 0; c < count; ++c) {
+    const float* g = chunks[std::size_t(c)].data;
+    const std::size_t n = chunks[std::size_t(c)].n;
+    double lane[kLanes] = {};
+    std::size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (std::size_t k = 0; k < kLanes; ++k) lane[k] += double(g[i + k]) * double(g[i + k]);
+    for (std::size_t k = 0; i < n; ++i, ++k) lane[k] += double(g[i]) * double(g[i]);
+    double sum = 0.0;
+    for (double l : lane) sum += l;
+    part[c] = sum;
   }
+  double total = 0.0;
+  for (std::ptrdiff_t c = 0; c < count; ++c) total += part[c];
   return total;
 }
 
@@ -157,23 +166,16 @@ std::vector<double> CpuOps::take_marks() {
   return s;
 }
 
-void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_avg,
-                   float* exp_avg_sq, std::size_t n, const AdamWStep& h) {
-  // The step's constants in locals and the arrays marked unaliased, so the loop
-  // vectorises without reloading them per element.
-  if (h.control && h.control[1] == 0.0f) return;
+namespace {
+// AdamW on n elements, the step's constants in locals and the arrays marked unaliased,
+// so the loop vectorises without reloading them per element.
+void adamw_run(float* __restrict p, const float* __restrict g_in, float* __restrict m,
+               float* __restrict v, std::size_t n, const AdamWStep& h, float grad_scale,
+               float weight_decay) {
   const float beta1 = h.beta1, beta2 = h.beta2, one_minus_b1 = h.one_minus_beta1,
-              one_minus_b2 = h.one_minus_beta2,
-              grad_scale = h.control ? h.control[0] : h.grad_scale, lr = h.lr, eps = h.eps,
-              weight_decay = h.weight_decay, bc1 = h.inv_bias_correction1,
-              bc2 = h.inv_bias_correction2;
-  float* __restrict p = params;
-  float* __restrict m = exp_avg;
-  float* __restrict v = exp_avg_sq;
-  const float* __restrict g_in = grads;
-  const std::ptrdiff_t count = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static) if (count > cpu::kParallelMin)
-  for (std::ptrdiff_t i = 0; i < count; ++i) {
+              one_minus_b2 = h.one_minus_beta2, lr = h.lr, eps = h.eps,
+              bc1 = h.inv_bias_correction1, bc2 = h.inv_bias_correction2;
+  for (std::size_t i = 0; i < n; ++i) {
     const float g = g_in[i] * grad_scale;
     m[i] = beta1 * m[i] + one_minus_b1 * g;
     v[i] = beta2 * v[i] + one_minus_b2 * (g * g);
@@ -181,7 +183,36 @@ void CpuOps::adamw(float* params, Act* weights, const float* grads, float* exp_a
     const float v_hat = v[i] * bc2;
     p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * p[i]);
   }
-  if (weights && f(weights) != params) copy(weights, params, n * 4);
+}
+}  // namespace
+
+void CpuOps::adamw_segments(float* params, Act* weights, const float* grads, float* exp_avg,
+                            float* exp_avg_sq, const std::vector<AdamWSegment>& segments,
+                            const AdamWStep& h) {
+  if (h.control && h.control[1] == 0.0f) return;
+  const float grad_scale = h.control ? h.control[0] : h.grad_scale;
+  std::vector<std::size_t> first{0};  // where each segment starts among all the elements
+  for (const AdamWSegment& s : segments) first.push_back(first.back() + s.n);
+  const std::size_t total = first.back();
+  // One parallel region: thread k of t takes elements [k total / t, (k+1) total / t) of
+  // the segments laid end to end, a piece of each segment it meets.
+#pragma omp parallel if (total > std::size_t(cpu::kParallelMin))
+  {
+    const std::size_t t = std::size_t(omp_get_num_threads()), k = std::size_t(omp_get_thread_num());
+    const std::size_t lo = total * k / t, hi = total * (k + 1) / t;
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      const std::size_t b = std::max(lo, first[i]), e = std::min(hi, first[i + 1]);
+      if (b >= e) continue;
+      const AdamWSegment& s = segments[i];
+      const std::size_t at = b - first[i];
+      adamw_run(params + s.param + at, grads + s.arena + at, exp_avg + s.state + at,
+                exp_avg_sq + s.state + at, e - b, h, grad_scale, s.weight_decay);
+    }
+  }
+  if (!weights) return;
+  for (const AdamWSegment& s : segments)
+    if (f(weights) + s.arena != params + s.param)
+      copy(f(weights) + s.arena, params + s.param, s.n * 4);
 }
 
 std::size_t CpuOps::attention_state_bytes(int B, int T, int NH) const {

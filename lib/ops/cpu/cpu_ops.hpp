@@ -259,8 +259,8 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   }
   void add_mean(double* total, const float* x, std::size_t n) override;
   void update_control(float* control, const double* stats, double grad_clip) override;
-  void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
-             const AdamWStep& h) override;
+  void adamw_segments(float* params, Act* weights, const float* grads, float* m, float* v,
+                      const std::vector<AdamWSegment>& segments, const AdamWStep& h) override;
   // Host clock times: every op has finished when it returns.
   std::size_t mark() override {
     marks_.push_back(std::chrono::steady_clock::now());

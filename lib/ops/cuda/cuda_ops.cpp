@@ -194,16 +194,11 @@ void CudaOps::to_float(float* dst, const Act* src, std::size_t n) {
 }
 
 void CudaOps::sum_squares_to(double* out, const std::vector<Span>& spans) {
-  if (spans.empty()) return fill_zero(out, sizeof(double));
-  // One scratch area, then one result slot per span, added in span order: the total
-  // depends on nothing but the data.
-  const std::size_t scratch = cuda::sum_squares_scratch_doubles();
-  auto* ws = static_cast<double*>(workspace((scratch + spans.size()) * sizeof(double)));
-  double* results = ws + scratch;
-  fill_zero(results, spans.size() * sizeof(double));
-  for (std::size_t i = 0; i < spans.size(); ++i)
-    if (spans[i].n > 0) cuda::sum_squares(results + i, spans[i].data, spans[i].n, ws, stream());
-  cuda::sum_in_order(out, results, int(spans.size()), stream());
+  std::vector<cuda::SquaredArray> arrays;
+  for (const Span& x : spans) arrays.push_back({x.data, x.n});
+  auto* partials =
+      static_cast<double*>(workspace(cuda::sum_squares_partials(spans.size()) * sizeof(double)));
+  cuda::sum_squares(out, arrays, partials, stream());
 }
 
 void CudaOps::add_mean(double* total, const float* x, std::size_t n) {
@@ -222,10 +217,14 @@ double CudaOps::sum_squares(const std::vector<Span>& spans) {
   return total;
 }
 
-void CudaOps::adamw(float* params, Act* weights, const float* grads, float* m, float* v,
-                    std::size_t n, const AdamWStep& h) {
-  launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, n, h.lr,
-               h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps, h.weight_decay,
+void CudaOps::adamw_segments(float* params, Act* weights, const float* grads, float* m,
+                             float* v, const std::vector<AdamWSegment>& segments,
+                             const AdamWStep& h) {
+  std::vector<cuda::AdamWTensor> tensors;
+  for (const AdamWSegment& s : segments)
+    tensors.push_back({s.arena, s.param, s.state, s.n, s.weight_decay});
+  launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, tensors,
+               h.lr, h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps,
                h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale, h.control);
 }
 

@@ -83,8 +83,8 @@ class CudaOps final : public Ops {
   void sum_squares_to(double* out, const std::vector<Span>& spans) override;
   void add_mean(double* total, const float* x, std::size_t n) override;
   void update_control(float* control, const double* stats, double grad_clip) override;
-  void adamw(float* params, Act* weights, const float* grads, float* m, float* v, std::size_t n,
-             const AdamWStep& h) override;
+  void adamw_segments(float* params, Act* weights, const float* grads, float* m, float* v,
+                      const std::vector<AdamWSegment>& segments, const AdamWStep& h) override;
 
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const Act* A,
             const Act* B, float beta, Act* C) override;

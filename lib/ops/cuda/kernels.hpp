@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace pptrain::ops::cuda {
 
@@ -132,18 +133,28 @@ void ring_attention_backward_step(T* dq, T* dkv, const T* dout, const T* out, co
                                   int kv_len, int B, int NH, int NKV, int hs, cudaStream_t s);
 
 // ---- optimizer and norms (optimizer.cu) ----
-// One AdamW update of n elements (see ops::Ops::adamw); weights may be null.
+// The parts of the multi-tensor launchers: ops::AdamWSegment's and ops::Span's fields
+// (this header leaves out ops.hpp: the emulator's tests include it under a namespace of
+// their own).
+struct AdamWTensor {
+  std::size_t arena, param, state, n;
+  float weight_decay;
+};
+struct SquaredArray {
+  const float* data;
+  std::size_t n;
+};
+// One AdamW update of every tensor (see ops::Ops::adamw_segments); weights may be null.
 template <typename T>
-void adamw(float* params, T* weights, const float* grads, float* m, float* v, std::size_t n,
-           float lr, float beta1, float beta2, float one_minus_beta1, float one_minus_beta2,
-           float eps, float weight_decay, float inv_bc1, float inv_bc2, float grad_scale,
-           const float* control, cudaStream_t s);
-// *out = sum of x^2 in fp64, deterministic. `scratch` holds at least
-// sum_squares_scratch_doubles() doubles of device memory.
-void sum_squares(double* out, const float* x, std::size_t n, double* scratch, cudaStream_t s);
-std::size_t sum_squares_scratch_doubles();
-// *out = x[0] + x[1] + ... + x[n-1], in that order (n >= 1).
-void sum_in_order(double* out, const double* x, int n, cudaStream_t s);
+void adamw(float* params, T* weights, const float* grads, float* m, float* v,
+           const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
+           float one_minus_beta1, float one_minus_beta2, float eps, float inv_bc1, float inv_bc2,
+           float grad_scale, const float* control, cudaStream_t s);
+// *out = the sum over the spans of x^2 in fp64, deterministic. `partials` holds at least
+// sum_squares_partials(spans) doubles of device memory.
+void sum_squares(double* out, const std::vector<SquaredArray>& spans, double* partials,
+                 cudaStream_t s);
+std::size_t sum_squares_partials(std::size_t spans);
 // *total += double(float(sum of x / n)) (ops::Ops::add_mean); n >= 1.
 void add_mean(double* total, const float* x, std::size_t n, cudaStream_t s);
 // ops::Ops::update_control.

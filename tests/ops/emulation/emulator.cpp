@@ -2,6 +2,9 @@
 // runtime's error and attribute state, and the calls kernels make, handed to the running
 // block.
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -44,6 +47,22 @@ void set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
   dynamic_limits()[kernel] = bytes;
 }
 
+namespace {
+std::atomic<unsigned long long> launches{0};
+// With PPTRAIN_EMULATED_LAUNCH_COUNT=FILE a process appends its launch count to FILE as
+// it exits: two runs that differ by one step differ by that step's launches.
+struct LaunchReport {
+  ~LaunchReport() {
+    if (const char* path = std::getenv("PPTRAIN_EMULATED_LAUNCH_COUNT"))
+      if (std::FILE* f = std::fopen(path, "a")) {
+        std::fprintf(f, "%llu\n", launches.load());
+        std::fclose(f);
+      }
+  }
+} launch_report;
+}  // namespace
+unsigned long long launch_count() { return launches.load(); }
+
 void run(const LaunchConfig& c, std::uintptr_t kernel, KernelBody body) {
   if (detail::current_launch() != nullptr)
     in_kernel("a launch").fail("a launch from inside a kernel (not emulated)");
@@ -68,6 +87,7 @@ void run(const LaunchConfig& c, std::uintptr_t kernel, KernelBody body) {
     last_error = cudaErrorInvalidResourceHandle;
     return;
   }
+  ++launches;
   // The blocks run on the host thread that makes the stream's work due, in the schedule
   // order this thread had at the launch.
   const ScheduleOrder order = order_setting;

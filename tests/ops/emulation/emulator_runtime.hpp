@@ -77,6 +77,9 @@ struct alignas(4) BFloat162 {
 enum class ScheduleOrder { Alternate, Ascending, Descending };
 void set_schedule_order(ScheduleOrder order);  // for the calling thread's launches
 ScheduleOrder schedule_order();
+// Kernel launches accepted so far, by every thread of the process (also appended to the
+// file PPTRAIN_EMULATED_LAUNCH_COUNT names, if set, at exit).
+unsigned long long launch_count();
 
 // The calling fiber waits at the block barrier.
 void sync_block(std::source_location where);
