@@ -204,6 +204,30 @@ TEST_P(CudaGemmTest, BiasGeluEpilogueWritesPreActivationToAux) {
                              0.0f, stream->get()));
 }
 
+// DGELU: D = (A @ B^T) times gelu' at aux (the forward's GELU input), as the MLP's
+// input gradient: dinp[N,Cin] = dout[N,Cout] @ w[Cin,Cout]^T, scaled.
+TEST_P(CudaGemmTest, DGeluEpilogueScalesByTheGeluSlopeAtAux) {
+  const DType t = GetParam();
+  GemmProblem p;
+  p.trans_b = true, p.M = 37, p.N = 64, p.K = 48, p.ab = p.cd = t, p.epilogue = Epilogue::kDGelu;
+  const auto A = rounded(randn(37 * 48, 13), t), B = rounded(randn(64 * 48, 14, 0.3f), t),
+             aux = rounded(randn(37 * 64, 15, 2.0f), t);
+  DeviceArray dA = to_device(A, t), dB = to_device(B, t), daux = to_device(aux, t),
+              dD = to_device(std::vector<float>(37 * 64, NAN), t);
+  if (!gemm->try_run(p, 1.0f, {dA.data(), dB.data(), dD.data(), nullptr, daux.data()}, 0.0f,
+                     stream->get()))
+    GTEST_SKIP() << "cuBLASLt offers no DGELU algorithm here (the ops fall back)";
+  sync();
+  std::vector<double> want = reference(p, 1.0f, A, B, 0.0f, {}, nullptr);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double h = 1e-4, x = aux[i];  // the slope of the tanh GELU, by central difference
+    want[i] *= (gelu_tanh(x + h) - gelu_tanh(x - h)) / (2 * h);
+  }
+  EXPECT_TRUE(all_close(to_host(dD), want, t == DType::F32 ? 5e-4 : tolerance(t)));
+  EXPECT_TRUE(all_close(to_host(daux), std::vector<double>(aux.begin(), aux.end()), 0.0))
+      << "aux is read, not written";
+}
+
 TEST_P(CudaGemmTest, WeightGradAccumulatesInFloat) {
   // dw[Cin,Cout] += inp[N,Cin]^T @ dout[N,Cout]: inputs in the compute dtype, dw fp32.
   const DType t = GetParam();

@@ -55,6 +55,23 @@ void CudaOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act*
   Ops::linear_forward(out, gelu_out, inp, w, bias, N, Cin, Cout);
 }
 
+void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Act* w,
+                                    const Act* gelu_inp, int N, int Cin, int Cout) {
+  PPTRAIN_CHECK(N >= 0 && Cin > 0 && Cout > 0, "linear_backward_input: bad sizes");
+  if (N == 0) return;
+  // In bf16 (as the forward's GELU epilogue) one product: dinp = (dout @ w^T) times
+  // gelu' at the GELU's input, cuBLASLt's DGELU epilogue reading it as aux.
+  if (fuse_epilogues_ && gelu_inp != nullptr && dtype_ == DType::BF16) {
+    cuda::GemmProblem p;
+    p.trans_b = true;
+    p.M = N, p.N = Cin, p.K = Cout;
+    p.ab = p.cd = dtype_;
+    p.epilogue = cuda::Epilogue::kDGelu;
+    if (gemm_.try_run(p, 1.0f, {dout, w, dinp, nullptr, gelu_inp}, 0.0f, stream())) return;
+  }
+  Ops::linear_backward_input(dinp, dout, w, gelu_inp, N, Cin, Cout);
+}
+
 void CudaOps::linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
                                  int Cout) {
   PPTRAIN_CHECK(N >= 0 && Cin > 0 && Cout > 0, "linear_weight_grad: bad sizes");

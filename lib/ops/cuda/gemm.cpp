@@ -8,6 +8,8 @@
 // epilogue broadcasts.
 #include "ops/cuda/gemm.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <sstream>
 #include <stdexcept>
 
@@ -56,9 +58,27 @@ const char* epilogue_name(Epilogue e) {
       return "bias";
     case Epilogue::kGeluAuxBias:
       return "bias+gelu";
+    case Epilogue::kDGelu:
+      return "dgelu";
   }
   return "?";
 }
+
+cublasLtEpilogue_t cublaslt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::kNone:
+      break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+bool has_bias(Epilogue e) { return e == Epilogue::kBias || e == Epilogue::kGeluAuxBias; }
+bool has_aux(Epilogue e) { return e == Epilogue::kGeluAuxBias || e == Epilogue::kDGelu; }
 
 }  // namespace
 
@@ -118,16 +138,20 @@ std::unique_ptr<Gemm::Plan> Gemm::make_plan(const Key& key, const GemmOperands& 
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
   if (p.epilogue != Epilogue::kNone) {
-    const bool gelu = p.epilogue == Epilogue::kGeluAuxBias;
-    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-             uint32_t(gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(cublaslt_epilogue(p.epilogue)));
     // Bias and aux elements default to D's type, which is what we pass. The heuristic
     // reads the pointers' alignment from the descriptor.
-    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
-    if (gelu) {
+    if (has_bias(p.epilogue)) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
+    if (has_aux(p.epilogue)) {
       set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
       set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.N));
     }
+  }
+
+  // cuBLASLt wants the aux leading dimension to be a multiple of 8: no algorithm.
+  if (has_aux(p.epilogue) && p.N % 8 != 0) {
+    plan->heuristic_status = CUBLAS_STATUS_NOT_SUPPORTED;
+    return plan;
   }
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -163,22 +187,24 @@ bool Gemm::try_run(const GemmProblem& p, float alpha, const GemmOperands& x, flo
   PPTRAIN_CHECK(p.accumulate == (beta != 0.0f), "gemm: accumulate must match beta != 0");
   PPTRAIN_CHECK(x.a && x.b && x.c, "gemm: null operand");
   if (p.epilogue != Epilogue::kNone) {
-    PPTRAIN_CHECK(p.batch == 1 && x.bias, "gemm: epilogues need batch 1 and a bias");
-    if (p.epilogue == Epilogue::kGeluAuxBias) {
-      PPTRAIN_CHECK(x.aux && !p.accumulate, "gemm: bias+gelu needs aux and beta 0");
-      if (p.N % 8 != 0) return false;  // cuBLASLt wants the aux leading dimension % 8 == 0
-    }
+    PPTRAIN_CHECK(p.batch == 1, "gemm: epilogues need batch 1");
+    PPTRAIN_CHECK(!has_bias(p.epilogue) || x.bias, "gemm: a bias epilogue needs a bias");
+    PPTRAIN_CHECK(!has_aux(p.epilogue) || (x.aux && !p.accumulate),
+                  "gemm: GELU epilogues need aux and beta 0");
   }
   const Key key = key_of(p, x);
   auto it = plans_.find(key);
-  if (it == plans_.end()) it = plans_.emplace(key, make_plan(key, x)).first;
+  if (it == plans_.end()) {
+    it = plans_.emplace(key, make_plan(key, x)).first;
+    if (!it->second->found && p.epilogue != Epilogue::kNone)
+      spdlog::warn("cuBLASLt has no algorithm for {} (heuristic: {}); it runs unfused, as a "
+                   "product and then its epilogue's kernels",
+                   p.describe(), cublasLtGetStatusString(it->second->heuristic_status));
+  }
   Plan& plan = *it->second;
   if (!plan.found) return false;
-  if (p.epilogue != Epilogue::kNone) {
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
-    if (p.epilogue == Epilogue::kGeluAuxBias)
-      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
-  }
+  if (has_bias(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
+  if (has_aux(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
   PPTRAIN_CUDA_CHECK(cublasLtMatmul(handle_.get(), plan.desc, &alpha, x.b, plan.a, x.a, plan.b,
                                     &beta, x.c, plan.c, x.c, plan.d, &plan.algo, workspace_.get(),
                                     workspace_.bytes(), stream));

@@ -26,6 +26,7 @@ enum class Epilogue : uint8_t {
   kNone,
   kBias,         // D = alpha * op(A) op(B) + beta * C + bias (bias[N], broadcast over rows)
   kGeluAuxBias,  // aux = op(A) op(B) + bias; D = gelu(aux) (tanh form); beta must be 0
+  kDGelu,        // D = alpha * op(A) op(B) * gelu'(aux) (aux: the GELU's input); beta 0
 };
 
 // One product in row-major terms: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
@@ -53,7 +54,8 @@ struct GemmOperands {
   const void* b = nullptr;
   void* c = nullptr;
   const void* bias = nullptr;  // kBias, kGeluAuxBias: [N] of dtype cd
-  void* aux = nullptr;         // kGeluAuxBias: [M,N] of dtype cd (the pre-activation)
+  // kGeluAuxBias (written) and kDGelu (read): [M,N] of dtype cd, the GELU's input.
+  const void* aux = nullptr;
 };
 
 class Gemm {
@@ -68,7 +70,8 @@ class Gemm {
   // when cuBLASLt has no algorithm for it.
   void run(const GemmProblem& p, float alpha, const GemmOperands& x, float beta,
            cudaStream_t stream);
-  // As run(), but returns false (queuing nothing) when there is no algorithm.
+  // As run(), but returns false (queuing nothing) when there is no algorithm; the first
+  // time for a problem with an epilogue it logs which product falls back.
   bool try_run(const GemmProblem& p, float alpha, const GemmOperands& x, float beta,
                cudaStream_t stream);
 

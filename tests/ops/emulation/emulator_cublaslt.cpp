@@ -32,7 +32,11 @@ bool has_bias(uint32_t e) { return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_
                                    e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 bool has_gelu(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
                                    e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
-bool has_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+// GELU_AUX* write the GELU's input to aux; DGELU reads it (the forward's aux) and scales
+// the product by the GELU's derivative there.
+bool writes_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool is_dgelu(uint32_t e) { return e == CUBLASLT_EPILOGUE_DGELU; }
+bool has_aux(uint32_t e) { return writes_aux(e) || is_dgelu(e); }
 std::size_t type_size(int32_t t) { return t == CUDA_R_32F ? 4 : 2; }
 bool real_type(int32_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
 
@@ -65,7 +69,7 @@ cublasStatus_t check(const MatmulDesc& d, const MatrixLayout& A, const MatrixLay
       (A.type == CUDA_R_32F && D.type != CUDA_R_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const uint32_t e = d.epilogue;
-  if (e != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(e) && !has_gelu(e))
+  if (e != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(e) && !has_gelu(e) && !is_dgelu(e))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (has_bias(e) && d.bias_type != -1 && !real_type(d.bias_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (has_aux(e)) {
@@ -135,7 +139,7 @@ void note_accesses(const Product& p) {
                 type_size(p.bias_type), false);
   if (has_aux(e))
     note_matrix(desc.aux, p.s.m, p.s.n, desc.aux_ld, n, desc.aux_batch_stride,
-                type_size(p.aux_type), true);
+                type_size(p.aux_type), writes_aux(e));
   note_matrix(p.D, p.s.m, p.s.n, p.d.ld, n, p.d.stride, type_size(p.d.type), true);
 }
 
@@ -161,13 +165,21 @@ void compute(const Product& p) {
         if (has_bias(e))
           r += load(desc.bias, p.bias_type, std::size_t(batch) * desc.bias_batch_stride + i);
         const float pre = float(r);
-        if (has_aux(e))
-          store(desc.aux, p.aux_type,
-                std::size_t(batch) * desc.aux_batch_stride + i + j * desc.aux_ld, pre);
+        const std::size_t at_aux = std::size_t(batch) * desc.aux_batch_stride + i + j * desc.aux_ld;
+        if (writes_aux(e)) store(desc.aux, p.aux_type, at_aux, pre);
         float out = pre;
+        // GELU's tanh form: 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3).
+        constexpr double kRoot2OverPi = 0.7978845608028654, kCubic = 0.044715;
         if (has_gelu(e)) {
           const double x = pre;
-          out = float(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))));
+          out = float(0.5 * x * (1.0 + std::tanh(kRoot2OverPi * (x + kCubic * x * x * x))));
+        }
+        if (is_dgelu(e)) {  // times d gelu / dx at the forward's input
+          const double x = load(desc.aux, p.aux_type, at_aux);
+          const double t = std::tanh(kRoot2OverPi * (x + kCubic * x * x * x));
+          const double slope = 0.5 * (1.0 + t) +
+                               0.5 * x * (1.0 - t * t) * kRoot2OverPi * (1.0 + 3.0 * kCubic * x * x);
+          out = float(double(pre) * slope);
         }
         store(p.D, d.type, od + i + j * d.ld, out);
       }
