@@ -276,6 +276,19 @@ void DecoderModel::chunk_backward_weight(int chunk, Activations& a) {
                        ops::advance(dx, size_t(p) * B_ * len * C_, dt_), B_, len * C_);
 }
 
+void DecoderModel::row_parallel_residual(bool trans_w, const ops::Act* inp, int width,
+                                         const ops::Act* w, const ops::Act* bias,
+                                         const ops::Act* residual, ops::Act* out,
+                                         ops::Act* partial) {
+  const int Nh = tp_.rows_held(), C = C_;
+  if (!tp_.sums()) return ops_.gemm_residual(trans_w, Nh, C, width, inp, w, bias, residual, out);
+  tp_.reduce_rows(tp_.partial_target(out, partial), out, C, [&](int first, int rows, ops::Act* part) {
+    ops_.gemm(false, trans_w, rows, C, width, 1.0f, tp_.row(inp, first, width), w, 0.0f, part);
+  });
+  if (bias) ops_.add_bias(out, bias, Nh, C);
+  ops_.add(out, out, residual, std::size_t(Nh) * std::size_t(C));
+}
+
 void DecoderModel::attention_forward(const LayerView& v) {
   if (ring_) return ring_->forward(v.atty, v.att_state, v.qkv);
   ops_.attention_forward(v.atty, v.att_state, v.qkv, B_, T_, NHl_ * hs_, NHl_, NKVl_);

@@ -175,6 +175,14 @@ class DecoderModel : public Model {
   // (datty -> v.dqkv): on this rank's rows alone, or round the context-parallel ring.
   void attention_forward(const LayerView& v);
   void attention_backward(const LayerView& v, const ops::Act* datty);
+  // out = residual + inp @ op(w) (+ bias when not null) for a row-parallel projection of
+  // inp [N, width] into the C columns (w [width, C], or [C, width] when trans_w). Where
+  // nothing is summed over tp one product adds the bias and the residual
+  // (Ops::gemm_residual); else the bias is added once, after the tp sum (partial: its
+  // target under SP), and then the residual.
+  void row_parallel_residual(bool trans_w, const ops::Act* inp, int width, const ops::Act* w,
+                             const ops::Act* bias, const ops::Act* residual, ops::Act* out,
+                             ops::Act* partial);
   // Offsets of every global layer's tensors (SIZE_MAX where not held), `names` per layer:
   // layer l's k-th tensor is at offsets[l * names.size() + k].
   std::vector<std::size_t> layer_offsets(const std::vector<std::string>& names) const;

@@ -63,7 +63,6 @@ void GptModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act* 
 void GptModel::layer_forward(int l, const LayerView& v) {
   const int Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
   const auto w = layer_weights(l);
-  const size_t NhC = size_t(Nh) * C;
   ops_.layernorm_forward(v.ln1, v.ln1_mean, v.ln1_rstd, v.x, w.ln1_w, w.ln1_b, Nh, C);
   // Each tp collective travels row block by row block beside its GEMM's other blocks
   // (gather_rows, reduce_rows).
@@ -72,25 +71,14 @@ void GptModel::layer_forward(int l, const LayerView& v) {
                         3 * Cl);
   });
   attention_forward(v);
-  // Row-parallel projections: the bias is added once, after the tp sum.
-  ops::Act* res2_partial = tp_.partial_target(v.res2, v.partial);
-  tp_.reduce_rows(res2_partial, v.res2, C, [&](int first, int rows, ops::Act* proj) {
-    ops_.linear_forward(proj, nullptr, tp_.row(v.atty, first, Cl), w.proj_w, nullptr, rows, Cl, C);
-  });
-  ops_.add_bias(v.res2, w.proj_b, Nh, C);
-  ops_.add(v.res2, v.res2, v.x, NhC);
+  row_parallel_residual(false, v.atty, Cl, w.proj_w, w.proj_b, v.x, v.res2, v.partial);
   ops_.layernorm_forward(v.ln2, v.ln2_mean, v.ln2_rstd, v.res2, w.ln2_w, w.ln2_b, Nh, C);
   tp_.gather_rows(v.ln2, v.ln2_gathered, C, [&](int first, int rows, const ops::Act* ln2) {
     ops_.linear_forward(tp_.row(v.fch, first, 4 * Cl), tp_.row(v.fch_gelu, first, 4 * Cl), ln2,
                         w.fc_w, w.fc_b, rows, C, 4 * Cl);
   });
-  ops::Act* out_partial = tp_.partial_target(v.out, v.partial);
-  tp_.reduce_rows(out_partial, v.out, C, [&](int first, int rows, ops::Act* fcproj) {
-    ops_.linear_forward(fcproj, nullptr, tp_.row(v.fch_gelu, first, 4 * Cl), w.fcproj_w, nullptr,
-                        rows, 4 * Cl, C);
-  });
-  ops_.add_bias(v.out, w.fcproj_b, Nh, C);
-  ops_.add(v.out, v.out, v.res2, NhC);
+  row_parallel_residual(false, v.fch_gelu, 4 * Cl, w.fcproj_w, w.fcproj_b, v.res2, v.out,
+                        v.partial);
 }
 
 void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {

@@ -67,7 +67,6 @@ void LlamaModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act
 void LlamaModel::layer_forward(int l, const LayerView& v) {
   const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
   const auto w = layer_tensors<const ops::Act*>(l, weights());
-  const size_t NhC = size_t(Nh) * C;
   // Attention: res2 = x + o_proj(attn(rope(q, k), v)), q|k|v = ln1 @ qkv^T.
   ops_.rmsnorm_forward(v.ln1, v.ln1_rstd, v.x, w.ln1, Nh, C, eps_);
   // Each tp collective travels row block by row block beside its GEMM's other blocks
@@ -77,11 +76,7 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
   });
   rope(v.qkv, false);
   attention_forward(v);
-  ops::Act* res2_partial = tp_.partial_target(v.res2, v.partial);
-  tp_.reduce_rows(res2_partial, v.res2, C, [&](int first, int rows, ops::Act* proj) {
-    ops_.gemm(false, true, rows, C, Cl, 1.0f, tp_.row(v.atty, first, Cl), w.o, 0.0f, proj);
-  });
-  ops_.add(v.res2, v.res2, v.x, NhC);
+  row_parallel_residual(true, v.atty, Cl, w.o, nullptr, v.x, v.res2, v.partial);
   // MLP: out = res2 + down_proj(silu(gate) * up), gate|up = ln2 @ gate_up^T.
   ops_.rmsnorm_forward(v.ln2, v.ln2_rstd, v.res2, w.ln2, Nh, C, eps_);
   tp_.gather_rows(v.ln2, v.ln2_gathered, C, [&](int first, int rows, const ops::Act* ln2) {
@@ -89,11 +84,7 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
               tp_.row(v.fch, first, 2 * Fl_));
   });
   ops_.swiglu_forward(v.fch_gelu, v.fch, N, Fl_);
-  ops::Act* out_partial = tp_.partial_target(v.out, v.partial);
-  tp_.reduce_rows(out_partial, v.out, C, [&](int first, int rows, ops::Act* down) {
-    ops_.gemm(false, true, rows, C, Fl_, 1.0f, tp_.row(v.fch_gelu, first, Fl_), w.down, 0.0f, down);
-  });
-  ops_.add(v.out, v.out, v.res2, NhC);
+  row_parallel_residual(true, v.fch_gelu, Fl_, w.down, nullptr, v.res2, v.out, v.partial);
 }
 
 void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {

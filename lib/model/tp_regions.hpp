@@ -35,6 +35,7 @@ class TensorParallelRegions {
                         bool sequence_parallel, int rows, bool beside = false);
 
   bool sequence_parallel() const { return sp_; }
+  bool sums() const { return tp_size_ > 1; }  // whether reduce() sums over ranks
   int rows() const { return rows_; }            // N: every token row of the micro-batch
   int rows_held() const { return rows_held_; }  // the rows LayerNorm and residuals run on
   int first_row() const { return first_row_; }  // the first held row's index in [0, N)

@@ -37,6 +37,13 @@ void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, 
   if (gelu_out) gelu_forward(gelu_out, out, std::size_t(N) * std::size_t(Cout));
 }
 
+void Ops::gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                        const Act* bias, const Act* R, Act* D) {
+  gemm(false, trans_b, M, N, K, 1.0f, A, B, 0.0f, D);
+  if (bias) add_bias(D, bias, M, N);
+  add(D, D, R, std::size_t(M) * std::size_t(N));
+}
+
 void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
                                 int N, int Cin, int Cout) {
   gemm(false, true, N, Cin, Cout, 1.0f, dout, w, 0.0f, dinp);

@@ -172,6 +172,12 @@ class Ops {
   // GELU into the product where they can.
   virtual void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w,
                               const Act* bias, int N, int Cin, int Cout);
+  // A row-parallel projection with its residual (where nothing is summed over tp):
+  // D[M,N] = op(A)[M,K] op(B)[K,N] + bias[N] (when not null) + R[M,N], added in that
+  // order; B is [K,N], or [N,K] when trans_b. D may not alias A, B or R. Backends fuse the
+  // bias and R into the product where they can.
+  virtual void gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                             const Act* bias, const Act* R, Act* D);
   // Input gradient of a linear layer: dinp[N,Cin] = dout[N,Cout] @ w[Cin,Cout]^T; when
   // gelu_inp is not null the layer's input was gelu(gelu_inp), and dinp is the gradient
   // with respect to gelu_inp (times gelu'(gelu_inp)). Backends fuse the GELU backward into

@@ -77,6 +77,17 @@ void add_gemm_cases(std::vector<OpCase>& t) {
                        Act* g = gelu ? r.act_out("gelu_out", n, kAct) : nullptr;
                        r.ops.linear_forward(out, g, x, w, bias ? b : nullptr, N, Cin, Cout);
                      }});
+  // A projection with its residual: with and without bias, weight stored either way.
+  for (bool trans_b : {false, true})
+    for (bool bias : {true, false})
+      t.push_back({std::string("gemm_residual") + (trans_b ? "_tb" : "") + (bias ? "_bias" : ""),
+                   [=](OpRun& r) {
+                     const int M = 74, N = 48, K = 96;
+                     const Act *a = r.act(r.randn(M * K, 1)), *b = r.act(r.randn(K * N, 2, 0.3f)),
+                               *bv = r.act(r.randn(N, 3)), *res = r.act(r.randn(M * N, 4));
+                     r.ops.gemm_residual(trans_b, M, N, K, a, b, bias ? bv : nullptr, res,
+                                         r.act_out("D", std::size_t(M) * N, kAct));
+                   }});
   for (bool gelu : {true, false})
     t.push_back({std::string("linear_backward_input") + (gelu ? "_gelu" : ""), [=](OpRun& r) {
                    const int N = 74, Cin = 192, Cout = 48;

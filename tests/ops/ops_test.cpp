@@ -87,6 +87,29 @@ TEST(OpsFusion, LinearBackwardInputIsTheGemmThenTheGeluBackwardBitForBit) {
     }
 }
 
+// The projection with its residual adds the bias and the residual on each tile, as
+// add_bias and add would after the GEMM: the same bits.
+TEST(OpsFusion, GemmResidualIsTheGemmThenTheBiasThenTheResidualBitForBit) {
+  for (int threads : {1, 2, 3})
+    for (bool trans_b : {false, true})
+      for (const auto& [M, N, K] : {std::tuple{74, 48, 192}, std::tuple{300, 96, 600}}) {
+        CpuOps ops(threads);
+        const std::vector<float> a = randn(M * K, 1), b = randn(K * N, 2, 0.3f),
+                                 bias = randn(N, 3), res = randn(M * N, 4);
+        std::vector<float> fused(M * N, std::nanf("")), parts(M * N, std::nanf(""));
+        ops.gemm_residual(trans_b, M, N, K, a.data(), b.data(), bias.data(), res.data(),
+                          fused.data());
+        ops.gemm(false, trans_b, M, N, K, 1.0f, a.data(), b.data(), 0.0f, parts.data());
+        ops.add_bias(parts.data(), bias.data(), M, N);
+        for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = parts[i] + res[i];
+        EXPECT_TRUE(same_bits(fused, parts)) << M << "x" << N << "x" << K << " on " << threads;
+        ops.gemm_residual(trans_b, M, N, K, a.data(), b.data(), nullptr, res.data(), fused.data());
+        ops.gemm(false, trans_b, M, N, K, 1.0f, a.data(), b.data(), 0.0f, parts.data());
+        for (std::size_t i = 0; i < parts.size(); ++i) parts[i] = parts[i] + res[i];
+        EXPECT_TRUE(same_bits(fused, parts)) << "without bias";
+      }
+}
+
 TEST_F(OpsTest, GemmWithBetaZeroOverwritesGarbage) {
   const int M = 3, N = 4, K = 2;
   const std::vector<float> A = randn(M * K, 4), B = randn(K * N, 5);

@@ -239,6 +239,11 @@ void CpuOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* 
   linear_forward(f(out), f(gelu_out), f(inp), f(w), f(bias), N, Cin, Cout);
 }
 
+void CpuOps::gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                           const Act* bias, const Act* R, Act* D) {
+  gemm_residual(trans_b, M, N, K, f(A), f(B), f(bias), f(R), f(D));
+}
+
 void CpuOps::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
                                    int N, int Cin, int Cout) {
   linear_backward_input(f(dinp), f(dout), f(w), f(gelu_inp), N, Cin, Cout);

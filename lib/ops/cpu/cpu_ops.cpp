@@ -69,6 +69,20 @@ void CpuOps::linear_forward(float* out, float* gelu_out, const float* inp, const
   cpu::gemm(g, gemm_workspace_, gemm_kernel_, write_bias, gelu);
 }
 
+void CpuOps::gemm_residual(bool trans_b, int M, int N, int K, const float* A, const float* B,
+                           const float* bias, const float* R, float* D) {
+  PPTRAIN_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_residual: negative size");
+  const cpu::GemmTileHook add_after = [&](int i0, int j0, int m, int n) {
+    for (int i = i0; i < i0 + m; ++i) {
+      float* d = D + std::size_t(i) * N;
+      const float* r = R + std::size_t(i) * N;
+      for (int j = j0; j < j0 + n; ++j) d[j] = (bias ? d[j] + bias[j] : d[j]) + r[j];
+    }
+  };
+  cpu::GemmArgs g{false, trans_b, M, N, K, 1.0f, A, K, B, trans_b ? K : N, 0.0f, D, N};
+  cpu::gemm(g, gemm_workspace_, gemm_kernel_, {}, add_after);
+}
+
 void CpuOps::linear_backward_input(float* dinp, const float* dout, const float* w,
                                    const float* gelu_inp, int N, int Cin, int Cout) {
   PPTRAIN_CHECK(N >= 0 && Cin >= 0 && Cout >= 0, "linear_backward_input: negative size");

@@ -276,6 +276,9 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // The fp32 overload below: bias and GELU fused into each GEMM tile.
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                       int N, int Cin, int Cout) override;
+  // The fp32 overload below: the bias and the residual added on each GEMM tile.
+  void gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                     const Act* bias, const Act* R, Act* D) override;
   // The fp32 overload below: the GELU backward on each GEMM tile.
   void linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp,
                              int N, int Cin, int Cout) override;
@@ -289,6 +292,10 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   // each GEMM tile as it is computed.
   void linear_forward(float* out, float* gelu_out, const float* inp, const float* w,
                       const float* bias, int N, int Cin, int Cout);
+  // D = A @ op(B) (+ bias) + R: each tile's bias and residual added once the tile is
+  // complete, in the order and with the roundings of add_bias and add.
+  void gemm_residual(bool trans_b, int M, int N, int K, const float* A, const float* B,
+                     const float* bias, const float* R, float* D);
   // dinp = dout @ w^T, times gelu'(gelu_inp) when not null: the GELU backward runs on each
   // GEMM tile once it is complete.
   void linear_backward_input(float* dinp, const float* dout, const float* w,

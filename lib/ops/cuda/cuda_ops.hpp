@@ -90,6 +90,8 @@ class CudaOps final : public Ops {
             const Act* B, float beta, Act* C) override;
   void linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias, int N,
                       int Cin, int Cout) override;
+  void gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                     const Act* bias, const Act* R, Act* D) override;
   void linear_backward_input(Act* dinp, const Act* dout, const Act* w, const Act* gelu_inp, int N,
                              int Cin, int Cout) override;
   void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,

@@ -55,6 +55,25 @@ void CudaOps::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act*
   Ops::linear_forward(out, gelu_out, inp, w, bias, N, Cin, Cout);
 }
 
+void CudaOps::gemm_residual(bool trans_b, int M, int N, int K, const Act* A, const Act* B,
+                            const Act* bias, const Act* R, Act* D) {
+  PPTRAIN_CHECK(M >= 0 && N >= 0 && K > 0, "gemm_residual: bad sizes");
+  if (M == 0 || N == 0) return;
+  // One product: D = A op(B) + R (beta 1, C = R) + bias (the bias epilogue).
+  if (fuse_epilogues_) {
+    cuda::GemmProblem p;
+    p.trans_b = trans_b;
+    p.M = M, p.N = N, p.K = K;
+    p.ab = p.cd = dtype_;
+    p.accumulate = true;
+    p.epilogue = bias ? cuda::Epilogue::kBias : cuda::Epilogue::kNone;
+    cuda::GemmOperands x{A, B, const_cast<Act*>(R), bias};
+    x.d = D;
+    if (gemm_.try_run(p, 1.0f, x, 1.0f, stream())) return;
+  }
+  Ops::gemm_residual(trans_b, M, N, K, A, B, bias, R, D);
+}
+
 void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Act* w,
                                     const Act* gelu_inp, int N, int Cin, int Cout) {
   PPTRAIN_CHECK(N >= 0 && Cin > 0 && Cout > 0, "linear_backward_input: bad sizes");

@@ -112,7 +112,8 @@ struct Gemm::Plan {
 
 Gemm::Key Gemm::key_of(const GemmProblem& p, const GemmOperands& x) {
   return Key{
-      p, alignment(x.a), alignment(x.b), alignment(x.c), alignment(x.bias), alignment(x.aux)};
+      p,         alignment(x.a),   alignment(x.b), alignment(x.c), alignment(x.bias),
+      alignment(x.aux), alignment(x.d ? x.d : x.c)};
 }
 
 Gemm::Gemm(std::size_t workspace_bytes) : workspace_(workspace_bytes) {}
@@ -166,7 +167,7 @@ std::unique_ptr<Gemm::Plan> Gemm::make_plan(const Key& key, const GemmOperands& 
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A: our B
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
-  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
 
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
@@ -206,8 +207,8 @@ bool Gemm::try_run(const GemmProblem& p, float alpha, const GemmOperands& x, flo
   if (has_bias(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, x.bias);
   if (has_aux(p.epilogue)) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, x.aux);
   PPTRAIN_CUDA_CHECK(cublasLtMatmul(handle_.get(), plan.desc, &alpha, x.b, plan.a, x.a, plan.b,
-                                    &beta, x.c, plan.c, x.c, plan.d, &plan.algo, workspace_.get(),
-                                    workspace_.bytes(), stream));
+                                    &beta, x.c, plan.c, x.d ? x.d : x.c, plan.d, &plan.algo,
+                                    workspace_.get(), workspace_.bytes(), stream));
   return true;
 }
 

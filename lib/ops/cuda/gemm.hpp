@@ -48,7 +48,8 @@ struct GemmProblem {
   auto operator<=>(const GemmProblem&) const = default;
 };
 
-// Device pointers of one call. D is written in place of C (same layout).
+// Device pointers of one call. D is written in place of C (same layout), or to d when
+// it is not null (C then only read, with beta != 0).
 struct GemmOperands {
   const void* a = nullptr;
   const void* b = nullptr;
@@ -56,6 +57,7 @@ struct GemmOperands {
   const void* bias = nullptr;  // kBias, kGeluAuxBias: [N] of dtype cd
   // kGeluAuxBias (written) and kDGelu (read): [M,N] of dtype cd, the GELU's input.
   const void* aux = nullptr;
+  void* d = nullptr;
 };
 
 class Gemm {
@@ -87,7 +89,7 @@ class Gemm {
   // algorithms that rely on the alignment it is shown.
   struct Key {
     GemmProblem p;
-    uint32_t align_a, align_b, align_c, align_bias, align_aux;
+    uint32_t align_a, align_b, align_c, align_bias, align_aux, align_d;
     auto operator<=>(const Key&) const = default;
   };
 
