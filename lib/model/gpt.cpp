@@ -50,8 +50,8 @@ void GptModel::final_norm_forward(ops::Act* out, float* mean, float* rstd, const
 void GptModel::final_norm_backward_input(ops::Act* dinp, const ops::Act* dout,
                                          const ops::Act* inp, const float* mean,
                                          const float* rstd, int rows) {
-  ops_.layernorm_backward_input(dinp, dout, inp, weight("transformer.ln_f.weight"), mean, rstd,
-                                rows, C_);
+  ops_.layernorm_backward_input(dinp, dinp, dout, inp, weight("transformer.ln_f.weight"), mean,
+                                rstd, rows, C_);
 }
 
 void GptModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act* inp,
@@ -83,7 +83,6 @@ void GptModel::layer_forward(int l, const LayerView& v) {
 
 void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
   const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
-  const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_weights(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
   // The output gradient is gathered row block by row block beside fcproj's input-gradient
@@ -103,8 +102,9 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
-  ops_.copy(v.dres2, v.dout, held_bytes);
-  ops_.layernorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, Nh, C);
+  // The residual's gradient plus the norm's, in one pass.
+  ops_.layernorm_backward_input(v.dres2, v.dout, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd,
+                                Nh, C);
   // Attention: res2 = x + proj(attn(qkv(ln1(x)))); dres2 is gathered as dout was.
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
   tp_.gather_rows(v.dres2, v.dres2_gathered, C, [&](int first, int rows, const ops::Act* dres2) {
@@ -121,8 +121,8 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
-  ops_.copy(v.dx, v.dres2, held_bytes);
-  ops_.layernorm_backward_input(v.dx, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh, C);
+  ops_.layernorm_backward_input(v.dx, v.dres2, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh,
+                                C);
   if (with_weights) norm_weight_grads(l, v);
 }
 

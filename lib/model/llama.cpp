@@ -56,7 +56,7 @@ void LlamaModel::final_norm_forward(ops::Act* out, float* /*mean*/, float* rstd,
 void LlamaModel::final_norm_backward_input(ops::Act* dinp, const ops::Act* dout,
                                            const ops::Act* inp, const float* /*mean*/,
                                            const float* rstd, int rows) {
-  ops_.rmsnorm_backward_input(dinp, dout, inp, weight(norm_), rstd, rows, C_);
+  ops_.rmsnorm_backward_input(dinp, dinp, dout, inp, weight(norm_), rstd, rows, C_);
 }
 
 void LlamaModel::final_norm_backward_weight(const ops::Act* dout, const ops::Act* inp,
@@ -89,7 +89,6 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
 
 void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
   const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
-  const size_t held_bytes = size_t(Nh) * C * dtype_size(dt_);
   const auto w = layer_tensors<const ops::Act*>(l, weights());
   // MLP.
   // The output gradient is gathered row block by row block beside down_proj's
@@ -110,8 +109,8 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
-  ops_.copy(v.dres2, v.dout, held_bytes);
-  ops_.rmsnorm_backward_input(v.dres2, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
+  // The residual's gradient plus the norm's, in one pass.
+  ops_.rmsnorm_backward_input(v.dres2, v.dout, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
   // Attention; q and k are rotated back after the attention's backward. dres2 is
   // gathered as dout was.
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
@@ -130,8 +129,7 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
-  ops_.copy(v.dx, v.dres2, held_bytes);
-  ops_.rmsnorm_backward_input(v.dx, v.dln1, v.x, w.ln1, v.ln1_rstd, Nh, C);
+  ops_.rmsnorm_backward_input(v.dx, v.dres2, v.dln1, v.x, w.ln1, v.ln1_rstd, Nh, C);
   if (with_weights) norm_weight_grads(l, v);
 }
 

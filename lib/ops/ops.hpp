@@ -196,10 +196,11 @@ class Ops {
   // out[n,:] = (inp[n,:] - mean) * rstd * w + b; saves mean[N], rstd[N]. eps = 1e-5.
   virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp,
                                  const Act* w, const Act* b, int N, int C) = 0;
-  // dinp += d(out)/d(inp)^T dout.
-  virtual void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp,
-                                        const Act* w, const float* mean, const float* rstd,
-                                        int N, int C) = 0;
+  // dinp = dresidual + d(out)/d(inp)^T dout: the gradient from the residual path (it may
+  // be dinp itself, which then accumulates) plus the norm's.
+  virtual void layernorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout,
+                                        const Act* inp, const Act* w, const float* mean,
+                                        const float* rstd, int N, int C) = 0;
   // dw += sum_n dout * xhat; db += sum_n dout.
   virtual void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                          const float* mean, const float* rstd, int N, int C) = 0;
@@ -213,9 +214,10 @@ class Ops {
   // saves rstd[N].
   virtual void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
                                float eps) = 0;
-  // dinp += d(out)/d(inp)^T dout.
-  virtual void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                      const float* rstd, int N, int C) = 0;
+  // dinp = dresidual + d(out)/d(inp)^T dout (as layernorm_backward_input).
+  virtual void rmsnorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout,
+                                      const Act* inp, const Act* w, const float* rstd, int N,
+                                      int C) = 0;
   // dw += sum_n dout * inp * rstd.
   virtual void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp,
                                        const float* rstd, int N, int C) = 0;

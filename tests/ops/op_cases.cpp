@@ -282,15 +282,21 @@ std::vector<OpCase> make_cases() {
                  r.ops.layernorm_forward(out, mean, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
                                          r.act(r.randn(kC, 2)), r.act(r.randn(kC, 3)), kN, kC);
                }});
-  t.push_back({"layernorm_backward_input", [](OpRun& r) {
-                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                 std::vector<float> mean, rstd;
-                 row_stats(x, kN, kC, mean, rstd);
-                 Act* dinp = r.act_inout("dinp", r.randn(kN * kC, 5), {1e-5, 2e-2});
-                 r.ops.layernorm_backward_input(dinp, r.act(r.randn(kN * kC, 4)), r.act(x),
-                                                r.act(r.randn(kC, 2)), r.f32(mean), r.f32(rstd), kN,
-                                                kC);
-               }});
+  // The residual's gradient added from an array of its own, or in place (dinp += ...).
+  for (bool in_place : {false, true})
+    t.push_back({std::string("layernorm_backward_input") + (in_place ? "_in_place" : ""),
+                 [=](OpRun& r) {
+                   const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                   std::vector<float> mean, rstd;
+                   row_stats(x, kN, kC, mean, rstd);
+                   const std::vector<float> dres = r.randn(kN * kC, 5);
+                   Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
+                                        : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
+                   r.ops.layernorm_backward_input(dinp, in_place ? dinp : r.act(dres),
+                                                  r.act(r.randn(kN * kC, 4)), r.act(x),
+                                                  r.act(r.randn(kC, 2)), r.f32(mean), r.f32(rstd),
+                                                  kN, kC);
+                 }});
   t.push_back({"layernorm_backward_weight", [](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
                  std::vector<float> mean, rstd;
@@ -317,12 +323,18 @@ std::vector<OpCase> make_cases() {
                  r.ops.rmsnorm_forward(out, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
                                        r.act(r.randn(kC, 2)), kN, kC, kRmsEps);
                }});
-  t.push_back({"rmsnorm_backward_input", [=](OpRun& r) {
-                 const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                 Act* dinp = r.act_inout("dinp", r.randn(kN * kC, 5), {1e-5, 2e-2});
-                 r.ops.rmsnorm_backward_input(dinp, r.act(r.randn(kN * kC, 4)), r.act(x),
-                                              r.act(r.randn(kC, 2)), r.f32(rms_stats(x)), kN, kC);
-               }});
+  for (bool in_place : {false, true})
+    t.push_back({std::string("rmsnorm_backward_input") + (in_place ? "_in_place" : ""),
+                 [=](OpRun& r) {
+                   const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                   const std::vector<float> dres = r.randn(kN * kC, 5);
+                   Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
+                                        : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
+                   r.ops.rmsnorm_backward_input(dinp, in_place ? dinp : r.act(dres),
+                                                r.act(r.randn(kN * kC, 4)), r.act(x),
+                                                r.act(r.randn(kC, 2)), r.f32(rms_stats(x)), kN,
+                                                kC);
+                 }});
   t.push_back({"rmsnorm_backward_weight", [=](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
                  float* dw = r.f32_inout("dw", randn(kC, 6), kSum);

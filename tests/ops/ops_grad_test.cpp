@@ -111,8 +111,8 @@ TEST_F(OpsGradTest, LayerNorm) {
   };
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
-  ops->layernorm_backward_input(dx.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                                N, C);
+  ops->layernorm_backward_input(dx.data(), dx.data(), R.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), N, C);
   ops->layernorm_backward_weight(dw.data(), db.data(), R.data(), x.data(), mean.data(), rstd.data(),
                                  N, C);
   expect_ok(check_gradient(x, dx, loss, all_indices(x.size())), "layernorm dinp");
@@ -131,7 +131,8 @@ TEST_F(OpsGradTest, RmsNorm) {
   };
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
-  ops->rmsnorm_backward_input(dx.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  ops->rmsnorm_backward_input(dx.data(), dx.data(), R.data(), x.data(), w.data(), rstd.data(), N,
+                              C);
   ops->rmsnorm_backward_weight(dw.data(), R.data(), x.data(), rstd.data(), N, C);
   expect_ok(check_gradient(x, dx, loss, all_indices(x.size())), "rmsnorm dinp");
   expect_ok(check_gradient(w, dw, loss, all_indices(C)), "rmsnorm dw");

@@ -159,14 +159,14 @@ TEST_F(OpsTest, LayerNormBackwardAccumulates) {
   std::vector<float> out(N * C), mean(N), rstd(N);
   ops->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   std::vector<float> dx1(N * C, 0.0f), dw1(C, 0.0f), db1(C, 0.0f);
-  ops->layernorm_backward_input(dx1.data(), d.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                                N, C);
+  ops->layernorm_backward_input(dx1.data(), dx1.data(), d.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), N, C);
   ops->layernorm_backward_weight(dw1.data(), db1.data(), d.data(), x.data(), mean.data(),
                                  rstd.data(), N, C);
   std::vector<float> dx2(N * C, 0.5f), dw2(C, 0.5f), db2(C, 0.5f);
   for (int rep = 0; rep < 2; ++rep) {
-    ops->layernorm_backward_input(dx2.data(), d.data(), x.data(), w.data(), mean.data(),
-                                  rstd.data(), N, C);
+    ops->layernorm_backward_input(dx2.data(), dx2.data(), d.data(), x.data(), w.data(),
+                                  mean.data(), rstd.data(), N, C);
     ops->layernorm_backward_weight(dw2.data(), db2.data(), d.data(), x.data(), mean.data(),
                                    rstd.data(), N, C);
   }
@@ -379,8 +379,8 @@ TEST(OpsDeterminism, ThreadCountDoesNotChangeAnyBit) {
     std::vector<float> dlw(C, 0.0f), dlb(C, 0.0f);
     ops.layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), ln_w.data(),
                           ln_b.data(), N, C);
-    ops.layernorm_backward_input(dx.data(), y.data(), x.data(), ln_w.data(), mean.data(),
-                                 rstd.data(), N, C);
+    ops.layernorm_backward_input(dx.data(), dx.data(), y.data(), x.data(), ln_w.data(),
+                                 mean.data(), rstd.data(), N, C);
     ops.layernorm_backward_weight(dlw.data(), dlb.data(), y.data(), x.data(), mean.data(),
                                   rstd.data(), N, C);
     out.emplace_back("layernorm_forward", ln);

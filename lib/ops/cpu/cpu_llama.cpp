@@ -41,8 +41,9 @@ void CpuOps::rmsnorm_forward(float* out, float* rstd, const float* inp, const fl
 }
 
 // d(x_c r)/dx_k = r (delta_ck - x_c x_k r^2 / C): dx = r (g - x r^2 mean(g x)), g = dout w.
-void CpuOps::rmsnorm_backward_input(float* dinp, const float* dout, const float* inp,
-                                    const float* w, const float* rstd, int N, int C) {
+void CpuOps::rmsnorm_backward_input(float* dinp, const float* dresidual, const float* dout,
+                                    const float* inp, const float* w, const float* rstd, int N,
+                                    int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const std::size_t off = std::size_t(n) * C;
@@ -51,7 +52,7 @@ void CpuOps::rmsnorm_backward_input(float* dinp, const float* dout, const float*
     for (int c = 0; c < C; ++c) gx += double(d[c] * w[c]) * x[c];
     const float r = rstd[n];
     const float k = float(gx / C) * r * r;
-    for (int c = 0; c < C; ++c) dinp[off + c] += r * (d[c] * w[c] - x[c] * k);
+    for (int c = 0; c < C; ++c) dinp[off + c] = dresidual[off + c] + r * (d[c] * w[c] - x[c] * k);
   }
 }
 

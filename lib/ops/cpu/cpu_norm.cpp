@@ -70,11 +70,11 @@ void layernorm_row(float* o, float* mean, float* rstd, const float* x, const flo
   *rstd = rs;
 }
 
-// One row of the input gradient: dx += rstd * (g - mean(g) - xhat * mean(g * xhat)),
+// One row of the input gradient: dx = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)),
 // g = dout * w, the two means in double over eight lanes.
 PPTRAIN_WIDE_CLONES
-void layernorm_row_backward(float* dx, const float* d, const float* x, const float* w, float m,
-                            float rs, int C) {
+void layernorm_row_backward(float* dx, const float* dres, const float* d, const float* x,
+                            const float* w, float m, float rs, int C) {
   double lane_g[kLanes] = {}, lane_gx[kLanes] = {};
   int c = 0;
   for (; c + kLanes <= C; c += kLanes)
@@ -97,7 +97,7 @@ void layernorm_row_backward(float* dx, const float* d, const float* x, const flo
   const float mean_gx = static_cast<float>(sum_gx / C);
   for (c = 0; c < C; ++c) {
     const float xhat = (x[c] - m) * rs;
-    dx[c] += rs * (d[c] * w[c] - mean_g - xhat * mean_gx);
+    dx[c] = dres[c] + rs * (d[c] * w[c] - mean_g - xhat * mean_gx);
   }
 }
 }  // namespace
@@ -111,13 +111,14 @@ void CpuOps::layernorm_forward(float* out, float* mean, float* rstd, const float
   }
 }
 
-void CpuOps::layernorm_backward_input(float* dinp, const float* dout, const float* inp,
-                                      const float* w, const float* mean, const float* rstd, int N,
-                                      int C) {
+void CpuOps::layernorm_backward_input(float* dinp, const float* dresidual, const float* dout,
+                                      const float* inp, const float* w, const float* mean,
+                                      const float* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const std::size_t off = static_cast<std::size_t>(n) * C;
-    layernorm_row_backward(dinp + off, dout + off, inp + off, w, mean[n], rstd[n], C);
+    layernorm_row_backward(dinp + off, dresidual + off, dout + off, inp + off, w, mean[n],
+                           rstd[n], C);
   }
 }
 

@@ -76,10 +76,11 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::layernorm_forward, out(o, elems(N, C)), mean, rstd, in(inp, elems(N, C)),
         in(w, elems(C)), in(b, elems(C)), N, C);
   }
-  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                const float* mean, const float* rstd, int N, int C) override {
-    run(&Cpu::layernorm_backward_input, inout(dinp, elems(N, C)), in(dout, elems(N, C)),
-        in(inp, elems(N, C)), in(w, elems(C)), mean, rstd, N, C);
+  void layernorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                                const Act* w, const float* mean, const float* rstd, int N,
+                                int C) override {
+    run(&Cpu::layernorm_backward_input, out(dinp, elems(N, C)), in(dresidual, elems(N, C)),
+        in(dout, elems(N, C)), in(inp, elems(N, C)), in(w, elems(C)), mean, rstd, N, C);
   }
   void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                  const float* mean, const float* rstd, int N, int C) override {
@@ -91,10 +92,10 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::rmsnorm_forward, out(o, elems(N, C)), rstd, in(inp, elems(N, C)), in(w, elems(C)),
         N, C, eps);
   }
-  void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                              const float* rstd, int N, int C) override {
-    run(&Cpu::rmsnorm_backward_input, inout(dinp, elems(N, C)), in(dout, elems(N, C)),
-        in(inp, elems(N, C)), in(w, elems(C)), rstd, N, C);
+  void rmsnorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                              const Act* w, const float* rstd, int N, int C) override {
+    run(&Cpu::rmsnorm_backward_input, out(dinp, elems(N, C)), in(dresidual, elems(N, C)),
+        in(dout, elems(N, C)), in(inp, elems(N, C)), in(w, elems(C)), rstd, N, C);
   }
   void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp, const float* rstd,
                                int N, int C) override {
@@ -307,16 +308,17 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void bias_backward(float* dbias, const float* dout, int N, int C);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C);
-  void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
-                                const float* mean, const float* rstd, int N, int C);
+  void layernorm_backward_input(float* dinp, const float* dresidual, const float* dout,
+                                const float* inp, const float* w, const float* mean,
+                                const float* rstd, int N, int C);
   void layernorm_backward_weight(float* dw, float* db, const float* dout, const float* inp,
                                  const float* mean, const float* rstd, int N, int C);
   void gelu_forward(float* out, const float* inp, std::size_t n);
   void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n);
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                        float eps);
-  void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp, const float* w,
-                              const float* rstd, int N, int C);
+  void rmsnorm_backward_input(float* dinp, const float* dresidual, const float* dout,
+                              const float* inp, const float* w, const float* rstd, int N, int C);
   void rmsnorm_backward_weight(float* dw, const float* dout, const float* inp, const float* rstd,
                                int N, int C);
   void swiglu_forward(float* out, const float* gate_up, int N, int F);

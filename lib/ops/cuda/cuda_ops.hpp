@@ -101,14 +101,15 @@ class CudaOps final : public Ops {
 
   void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
                          const Act* b, int N, int C) override;
-  void layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                const float* mean, const float* rstd, int N, int C) override;
+  void layernorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                                const Act* w, const float* mean, const float* rstd, int N,
+                                int C) override;
   void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                  const float* mean, const float* rstd, int N, int C) override;
   void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
                        float eps) override;
-  void rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                              const float* rstd, int N, int C) override;
+  void rmsnorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                              const Act* w, const float* rstd, int N, int C) override;
   void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp, const float* rstd,
                                int N, int C) override;
   void swiglu_forward(Act* out, const Act* gate_up, int N, int F) override;

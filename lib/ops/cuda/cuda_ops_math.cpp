@@ -123,10 +123,11 @@ void CudaOps::layernorm_forward(Act* out, float* mean, float* rstd, const Act* i
                N, C);
 }
 
-void CudaOps::layernorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                       const float* mean, const float* rstd, int N, int C) {
-  launch_typed([](auto... args) { cuda::layernorm_backward_input(args...); }, dinp, dout, inp, w,
-               mean, rstd, N, C);
+void CudaOps::layernorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout,
+                                       const Act* inp, const Act* w, const float* mean,
+                                       const float* rstd, int N, int C) {
+  launch_typed([](auto... args) { cuda::layernorm_backward_input(args...); }, dinp, dresidual,
+               dout, inp, w, mean, rstd, N, C);
 }
 
 void CudaOps::layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
@@ -142,10 +143,11 @@ void CudaOps::rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* 
   launch_typed([](auto... args) { cuda::rmsnorm_forward(args...); }, out, rstd, inp, w, N, C, eps);
 }
 
-void CudaOps::rmsnorm_backward_input(Act* dinp, const Act* dout, const Act* inp, const Act* w,
-                                     const float* rstd, int N, int C) {
-  launch_typed([](auto... args) { cuda::rmsnorm_backward_input(args...); }, dinp, dout, inp, w,
-               rstd, N, C);
+void CudaOps::rmsnorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout,
+                                     const Act* inp, const Act* w, const float* rstd, int N,
+                                     int C) {
+  launch_typed([](auto... args) { cuda::rmsnorm_backward_input(args...); }, dinp, dresidual, dout,
+               inp, w, rstd, N, C);
 }
 
 void CudaOps::rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp,

@@ -41,8 +41,8 @@ template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
                        int N, int C, cudaStream_t s);
 template <typename T>
-void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
-                              const float* rstd, int N, int C, cudaStream_t s);
+void layernorm_backward_input(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                              const float* mean, const float* rstd, int N, int C, cudaStream_t s);
 // Deterministic column sums (no atomics). `scratch` holds at least
 // layernorm_backward_weight_scratch_floats(N, C) floats of device memory.
 template <typename T>
@@ -56,8 +56,8 @@ template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* w, int N, int C, float eps,
                      cudaStream_t s);
 template <typename T>
-void rmsnorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd,
-                            int N, int C, cudaStream_t s);
+void rmsnorm_backward_input(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                            const float* rstd, int N, int C, cudaStream_t s);
 // Deterministic column sums; `scratch` holds rmsnorm_backward_weight_scratch_floats(N, C)
 // floats of device memory.
 template <typename T>

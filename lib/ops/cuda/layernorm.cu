@@ -60,9 +60,11 @@ __global__ void layernorm_forward_kernel(T* out, float* __restrict__ mean, float
   }
 }
 
-// dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * w.
+// dinp = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * w (dres may
+// be dinp).
 template <typename T, int W>
-__global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T* __restrict__ inp,
+__global__ void layernorm_backward_input_kernel(T* dinp, const T* dres, const T* dout,
+                                                const T* __restrict__ inp,
                                                 const T* __restrict__ w,
                                                 const float* __restrict__ mean,
                                                 const float* __restrict__ rstd, int N, int C) {
@@ -86,9 +88,10 @@ __global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T*
   const float mean_g = warp_sum(sum_g) / C;
   const float mean_gx = warp_sum(sum_gx) / C;
   T* dx = dinp + off;
+  const T* base = dres + off;
   for (int c = lane * W; c < C; c += 32 * W) {
     const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
-    Pack<T, W> r = load_pack<W>(dx + c);
+    Pack<T, W> r = load_pack<W>(base + c);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const float xhat = (to_f32(px.v[k]) - m) * rs;
@@ -160,19 +163,20 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 }
 
 template <typename T>
-void layernorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* mean,
-                              const float* rstd, int N, int C, cudaStream_t s) {
+void layernorm_backward_input(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                              const float* mean, const float* rstd, int N, int C, cudaStream_t s) {
   check_sizes("layernorm_backward_input", N, C);
   if (N == 0 || C == 0) return;
-  PPTRAIN_CHECK(dinp && dout && inp && w && mean && rstd, "layernorm_backward_input: null pointer");
+  PPTRAIN_CHECK(dinp && dresidual && dout && inp && w && mean && rstd,
+                "layernorm_backward_input: null pointer");
   const unsigned grid = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   constexpr int V = kVec<T>;
-  if (C % V == 0 && aligned16({dinp, dout, inp, w}))
+  if (C % V == 0 && aligned16({dinp, dresidual, dout, inp, w}))
     layernorm_backward_input_kernel<T, V>
-        <<<grid, kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+        <<<grid, kThreads, 0, s>>>(dinp, dresidual, dout, inp, w, mean, rstd, N, C);
   else
     layernorm_backward_input_kernel<T, 1>
-        <<<grid, kThreads, 0, s>>>(dinp, dout, inp, w, mean, rstd, N, C);
+        <<<grid, kThreads, 0, s>>>(dinp, dresidual, dout, inp, w, mean, rstd, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
@@ -204,8 +208,8 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
 #define PPTRAIN_INSTANTIATE(T)                                                                   \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                      cudaStream_t);                                              \
-  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const float*,      \
-                                            const float*, int, int, cudaStream_t);               \
+  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*,          \
+                                            const float*, const float*, int, int, cudaStream_t);  \
   template void layernorm_backward_weight<T>(float*, float*, const T*, const T*, const float*,   \
                                              const float*, int, int, float*, cudaStream_t);
 PPTRAIN_INSTANTIATE(float)

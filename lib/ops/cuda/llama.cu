@@ -29,10 +29,10 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
   if (lane == 0) rstd[row] = r;
 }
 
-// dinp += r (g - x r^2 mean(g x)), g = dout * w.
+// dinp = dres + r (g - x r^2 mean(g x)), g = dout * w (dres may be dinp).
 template <typename T>
-__global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* w,
-                                              const float* rstd, int N, int C) {
+__global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
+                                              const T* w, const float* rstd, int N, int C) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const std::size_t off = static_cast<std::size_t>(row) * C;
@@ -43,7 +43,7 @@ __global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* i
   const float r = rstd[row], k = gx / static_cast<float>(C) * r * r;
   for (int c = lane; c < C; c += 32) {
     const float g = to_f32(dout[off + c]) * to_f32(w[c]);
-    dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + r * (g - to_f32(inp[off + c]) * k));
+    dinp[off + c] = from_f32<T>(to_f32(dres[off + c]) + r * (g - to_f32(inp[off + c]) * k));
   }
 }
 
@@ -130,13 +130,14 @@ void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* w, int N, int C
 }
 
 template <typename T>
-void rmsnorm_backward_input(T* dinp, const T* dout, const T* inp, const T* w, const float* rstd,
-                            int N, int C, cudaStream_t s) {
+void rmsnorm_backward_input(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                            const float* rstd, int N, int C, cudaStream_t s) {
   check_rows("rmsnorm_backward_input", N, C);
   if (N == 0 || C == 0) return;
-  PPTRAIN_CHECK(dinp && dout && inp && w && rstd, "rmsnorm_backward_input: null pointer");
+  PPTRAIN_CHECK(dinp && dresidual && dout && inp && w && rstd,
+                "rmsnorm_backward_input: null pointer");
   rmsnorm_backward_input_kernel<T><<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
-      dinp, dout, inp, w, rstd, N, C);
+      dinp, dresidual, dout, inp, w, rstd, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
@@ -197,8 +198,8 @@ void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta
 #define PPTRAIN_INSTANTIATE(T)                                                                  \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int, int, float,             \
                                    cudaStream_t);                                               \
-  template void rmsnorm_backward_input<T>(T*, const T*, const T*, const T*, const float*, int,  \
-                                          int, cudaStream_t);                                   \
+  template void rmsnorm_backward_input<T>(T*, const T*, const T*, const T*, const T*,            \
+                                          const float*, int, int, cudaStream_t);                \
   template void rmsnorm_backward_weight<T>(float*, const T*, const T*, const float*, int, int,  \
                                            float*, cudaStream_t);                               \
   template void swiglu_forward<T>(T*, const T*, int, int, cudaStream_t);                        \

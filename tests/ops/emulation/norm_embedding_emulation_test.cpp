@@ -63,12 +63,12 @@ TYPED_TEST(EmulatedNorm, LayerNormBackwardMatchesCpu) {
     Device<T> ddinp(dinp, skew), ddout(dout, skew), dx(x, skew), dwt(w);
     Device<float> dmean(mean), drstd(rstd), ddw(dw), ddb(db);
     Device<float> scratch(kern::layernorm_backward_weight_scratch_floats(N, C));
-    kern::layernorm_backward_input<T>(ddinp.get(), ddout.get(), dx.get(), dwt.get(), dmean.get(),
-                                      drstd.get(), N, C, nullptr);
+    kern::layernorm_backward_input<T>(ddinp.get(), ddinp.get(), ddout.get(), dx.get(), dwt.get(),
+                                      dmean.get(), drstd.get(), N, C, nullptr);
     kern::layernorm_backward_weight<T>(ddw.get(), ddb.get(), ddout.get(), dx.get(), dmean.get(),
                                        drstd.get(), N, C, scratch.get(), nullptr);
-    this->cpu.layernorm_backward_input(dinp.data(), dout.data(), x.data(), w.data(), mean.data(),
-                                       rstd.data(), N, C);
+    this->cpu.layernorm_backward_input(dinp.data(), dinp.data(), dout.data(), x.data(), w.data(),
+                                       mean.data(), rstd.data(), N, C);
     this->cpu.layernorm_backward_weight(dw.data(), db.data(), dout.data(), x.data(), mean.data(),
                                         rstd.data(), N, C);
     EXPECT_TRUE(all_close(ddinp.read(), dinp, tol<T>(1e-5))) << N << "x" << C;
