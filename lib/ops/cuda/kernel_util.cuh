@@ -39,12 +39,19 @@ template <typename T, int W>
 struct alignas(sizeof(T) * W) Pack {
   T v[W];
 };
+// (A misaligned pack faults on a GPU; the CUDA emulator checks it.)
 template <int W, typename T>
 __device__ __forceinline__ Pack<T, W> load_pack(const T* p) {
+#ifdef PPTRAIN_CUDA_EMULATOR
+  pptrain_emu::check_vector_access(p, sizeof(Pack<T, W>));
+#endif
   return *reinterpret_cast<const Pack<T, W>*>(p);
 }
 template <int W, typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, W>& x) {
+#ifdef PPTRAIN_CUDA_EMULATOR
+  pptrain_emu::check_vector_access(p, sizeof(Pack<T, W>));
+#endif
   *reinterpret_cast<Pack<T, W>*>(p) = x;
 }
 // Elements of T in one 16-byte pack: 4 floats or 8 bf16.

@@ -41,7 +41,11 @@
 // stops the build here.
 #define __shared__ PPTRAIN_EMULATOR_CANNOT_REWRITE_THIS_SHARED_DECLARATION
 
+#include "emulator_ptx.hpp"
 #include "emulator_runtime.hpp"
+
+// Kernel headers that wrap PTX (warp_mma.cuh) call emulator_ptx.hpp under this.
+#define PPTRAIN_CUDA_EMULATOR 1
 
 // ---- the names kernels use ----
 using dim3 = pptrain_emu::Dim3;

@@ -125,6 +125,12 @@ void* dynamic_shared_base(std::size_t align) {
   return in_kernel("extern __shared__").dynamic_shared(align);
 }
 void fail(const char* what) { in_kernel("fail").fail(what); }
+void check_vector_access(const void* p, std::size_t bytes) {
+  if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0)
+    in_kernel("a vector access")
+        .fail("a " + std::to_string(bytes) + "-byte vector access that is not " +
+              std::to_string(bytes) + "-byte aligned");
+}
 
 void complete_ballot(void* const* lanes, unsigned mask) {
   unsigned bits = 0;

@@ -117,6 +117,14 @@ void* Launch::dynamic_shared(std::size_t align) {
   return dynamic_base();
 }
 
+bool Launch::in_shared(const void* p, std::size_t bytes) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  auto within = [&](unsigned char* base, std::size_t size) {
+    return b >= base && b + bytes <= base + size;
+  };
+  return within(dynamic_base(), config_.smem) || within(static_base(), static_used_);
+}
+
 void Launch::defer(Apply apply, const void* payload, std::size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(payload);
   warps_[fiber().warp].deferred.emplace_back(apply, std::vector<unsigned char>(p, p + bytes));

@@ -48,6 +48,13 @@ class Stacks {
   std::size_t count_ = 0, slot_ = 0;
 };
 
+// A cp.async copy in flight (emulator_ptx.hpp): its 16 bytes, read at the copy, land
+// at the wait that covers its group.
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   enum class State { Runnable, AtBarrier, InWarpOp, Done };
   ucontext_t context;  // its start (entry on its own stack)
@@ -58,6 +65,8 @@ struct Fiber {
   State state = State::Runnable;
   const char* waiting = "";  // what a blocked fiber waits in, and where
   std::source_location where;
+  std::vector<AsyncCopy> copies;   // cp.async copies not landed, oldest first
+  std::vector<std::size_t> groups;  // the end of each committed group in `copies`
 };
 
 // A warp collective being gathered, and the writes waiting for the warp's next sync.
@@ -98,6 +107,8 @@ class Launch {
   void* static_shared(const std::type_info& key, std::size_t bytes, std::size_t align);
   void* dynamic_shared(std::size_t align);
   void defer(Apply apply, const void* payload, std::size_t bytes);
+  // True when [p, p + bytes) lies in the block's shared memory.
+  bool in_shared(const void* p, std::size_t bytes);
   [[noreturn]] void fail(const std::string& what);
 
  private:

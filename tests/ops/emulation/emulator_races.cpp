@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "emulator_runtime.hpp"  // fail
 
 namespace pptrain_emu::races {
 
@@ -332,6 +333,9 @@ void forget(const void* base) {
 // they check out of line (all of them with asan-instrumentation-with-call-threshold=0).
 namespace {
 void device_access(std::uintptr_t a, std::size_t n, bool write) {
+  // A GPU faults on a misaligned 16-byte vector access; so does the emulator.
+  if (n == 16 && a % 16 != 0)
+    pptrain_emu::fail("a 16-byte vector access to device memory that is not 16-byte aligned");
   pptrain_emu::races::note(reinterpret_cast<const void*>(a), n, write);
 }
 }  // namespace

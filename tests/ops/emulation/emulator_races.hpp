@@ -12,7 +12,8 @@
 // (mark_device_memory), and then calls the __asan_report_* functions defined here. Two accesses to the same byte by items of different streams,
 // one of them a write, where neither item happens before the other, are a race: the
 // item running when it is found fails with a message naming both items and the
-// allocation, and the message is printed too.
+// allocation, and the message is printed too. A 16-byte access to device memory that is
+// not 16-byte aligned fails at once, as it faults on a GPU.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -104,6 +104,9 @@ void* static_shared(const std::type_info& key, std::size_t bytes, std::size_t al
 void* dynamic_shared_base(std::size_t align);
 // Throws a kernel failure naming the block and thread.
 [[noreturn]] void fail(const char* what);
+// A vector access of `bytes` (a power of two) at p: it faults unless p is aligned to
+// them, as on a GPU (kernel_util.cuh's packs call it).
+void check_vector_access(const void* p, std::size_t bytes);
 
 // A static __shared__ declaration (rewritten by emulate_cu.cmake): array type A, at least
 // Align-byte aligned; Key (a lambda's type) tells declarations apart.
