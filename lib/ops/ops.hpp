@@ -406,9 +406,7 @@ inline std::size_t cuda_column_sum_floats(int N, int C) {
 // sum_squares_to's partial sums (one double each), before one result slot per span.
 inline constexpr int kCudaSumSquaresPartials = 1024;
 // The head sizes the fused attention kernels take (given the shared memory they need).
-inline bool cuda_fused_attention_head_size(int hs) {
-  return hs == 16 || hs == 32 || hs == 64 || hs == 128;
-}
+inline bool cuda_fused_attention_head_size(int hs) { return hs % 16 == 0 && hs >= 16 && hs <= 128; }
 // Scratch of the CUDA attention's forward or backward over B x T rows of NH query heads
 // of hs: with the fused kernels (`fused`), the backward's row dots; else the heads split
 // into [B*NH, T, hs] arrays, k and v repeated for each query head of a group (q, k, v,

@@ -1,22 +1,27 @@
-// Fused causal attention, forward (flash-attention style). One block per (batch, query
-// head) and tile of kTile queries, reading the keys and values of the head's key/value
-// head; warp w owns 16 of its query rows. For each key tile that a query of the tile
-// sees (tiles wholly after them are never visited):
-//   S = Q_w K^T                      (tensor cores, fp32)
-//   online softmax per row, fp32:    m' = max(m, max_j s_j), alpha = exp(m - m'),
-//                                    p_j = exp(s_j - m'), l' = alpha l + sum_j p_j
-//   O_w = alpha O_w + P V            (P rounded to bf16, O accumulated in fp32)
-// with s_j = scale * S_j for the keys the query sees (others masked out); at the end
-// out = O_w / l and lse = m + log l, or, for a ring step that merges, out and lse
-// combined with what they hold, each side weighted by its share of the row's exp-sum.
-// O_w lives in the warp's shared memory, where the per-row rescale is a plain loop; the
-// products load and store it as fragments. The whole sequence is one piece against
+// Fused causal attention, forward (FlashAttention-2's work split). One block per
+// (batch, query head) and tile of kTile queries, reading the keys and values of the
+// head's key/value head; warp w owns 16 of its query rows and keeps everything of them in
+// registers: Q as mma.sync A fragments (loaded once), the scores S, the probabilities P
+// and the output accumulator O (warp_mma.cuh's fragment layouts). For each key tile that
+// a query of the tile sees (tiles wholly after them are never visited):
+//   S = Q_w K^T                      (mma.sync, fp32)
+//   online softmax per row, fp32:    m' = max(m, max_j s_j), alpha = 2^((m - m') c),
+//                                    p_j = 2^((s_j - m') c), l' = alpha l + sum_j p_j
+//   O_w = alpha O_w + P V            (P rounded to bf16, straight from S's registers)
+// with c = scale * log2(e) and only the keys each query sees (the mask is applied only in
+// tiles that reach past the diagonal or the keys' end); at the end out = O_w / l and
+// lse = (m c + log2 l) / log2(e), or, for a ring step that merges, out and lse combined
+// with what they hold, each side weighted by its share of the row's exp-sum. K and V
+// tiles are double-buffered: cp.async fetches tile j+1 while tile j is used. A lane
+// holds rows g = lane/4 and g+8 of its warp's 16, and partial sums l over its columns
+// (the row's four lanes add them at the end). The whole sequence is one piece against
 // itself.
 #include <cmath>
 #include <string>
 
 #include "ops/cuda/flash_attention.cuh"
 #include "ops/cuda/flash_attention.hpp"
+#include "ops/cuda/warp_mma.cuh"
 
 namespace pptrain::ops::cuda {
 
@@ -24,107 +29,186 @@ using namespace flash;
 
 namespace {
 
+// Tile rows [row0, row0 + kTile) of src (its first D columns, row stride ld) into
+// tile (row stride D+8) with cp.async, zeros for rows >= T; or, when !vec (src or ld
+// not 16-byte aligned), with element loads that land at once.
+template <int D>
+__device__ void fetch_tile(bf16* tile, const bf16* src, std::size_t ld, int row0, int T, bool vec) {
+  if (!vec) return load_tile<D>(tile, src, ld, row0, T, false);
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks * 8;
+    const bool inside = row0 + r < T;
+    const bf16* from = inside ? src + static_cast<std::size_t>(row0 + r) * ld + c : src;
+    ptx::cp_async_16(tile + r * Smem<D>::kLdT + c, from, inside);
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* out, float* lse, const bf16* __restrict__ q_rows,
                          const bf16* __restrict__ kv_rows, Pieces at, float scale, bool write,
                          bool vec) {
-  using L = Smem<D>;
-  constexpr int kLdO = L::kLdO;
-  unsigned char* smem = dynamic_smem();
-  bf16* q = reinterpret_cast<bf16*>(smem);
-  bf16* k = reinterpret_cast<bf16*>(smem + L::tile);
-  bf16* v = reinterpret_cast<bf16*>(smem + 2 * L::tile);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  unsigned char* mine = smem + 3 * L::tile + warp * L::fwd_warp;
-  float* s = reinterpret_cast<float*>(mine);
-  float* o = reinterpret_cast<float*>(mine + L::scores);
-  bf16* p = reinterpret_cast<bf16*>(mine + L::scores + L::result);
+  constexpr int kLd = Smem<D>::kLdT, kTileElems = kTile * kLd;
+  constexpr int kKeyBlocks = kTile / 8, kDimBlocks = D / 8;
+  bf16* smem = reinterpret_cast<bf16*>(dynamic_smem());
+  bf16* q = smem;                     // [kTile][kLd]
+  bf16* k = smem + kTileElems;        // two buffers
+  bf16* v = smem + 3 * kTileElems;    // two buffers
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
   const int bh = blockIdx.x, b = bh / at.NH, h = bh % at.NH;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest rows go first
-  const int C = at.NH * D, q_len = at.q.len;
+  const int q_len = at.q.len, keys_end = at.keys_end(q0);
+  const int tiles = (keys_end + kTile - 1) / kTile;
   const bf16* keys = kv_rows + at.k_at(b, at.kv_head(h));
   const bf16* values = kv_rows + at.v_at(b, at.kv_head(h));
-  load_tile<D>(q, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
-  for (int e = lane; e < 16 * kLdO; e += 32) o[e] = 0.0f;
-
-  // Lanes 2r and 2r+1 own row r of the warp's 16: columns 2j + half.
-  const int r = lane / 2, half = lane % 2;
-  const int row = q0 + 16 * warp + r;  // query index
-  float m = -INFINITY, l = 0.0f;
-  for (int k0 = 0; k0 < at.keys_end(q0); k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous k, v
-    load_tile<D>(k, keys, at.kv.ld, k0, at.kv.len, vec);
-    load_tile<D>(v, values, at.kv.ld, k0, at.kv.len, vec);
-    __syncthreads();
-    product_abt<D>(s, q + 16 * warp * L::kLdT, k);
-    __syncwarp();
-    float x[kTile / 2];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTile / 2; ++j) {
-      const int c = 2 * j + half;
-      x[j] = at.sees(row, k0 + c) ? s[r * kLdS + c] * scale : -INFINITY;
-      mx = fmaxf(mx, x[j]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float ref = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing live yet
-    const float alpha = expf(m - ref);
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kTile / 2; ++j) {
-      const float e = expf(x[j] - ref);
-      sum += e;
-      p[r * kLdP + 2 * j + half] = __float2bfloat16_rn(e);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = alpha * l + sum;
-    m = m_new;
-    for (int c = half; c < D; c += 2) o[r * kLdO + c] *= alpha;
-    __syncwarp();
-    FragC acc[D / 16];
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-      wmma::load_matrix_sync(acc[n], o + 16 * n, kLdO, wmma::mem_row_major);
-    product_pb<D>(acc, p, v);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-      wmma::store_matrix_sync(o + 16 * n, acc[n], kLdO, wmma::mem_row_major);
-    __syncwarp();
+  fetch_tile<D>(q, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
+  if (tiles > 0) {
+    fetch_tile<D>(k, keys, at.kv.ld, 0, at.kv.len, vec);
+    fetch_tile<D>(v, values, at.kv.ld, 0, at.kv.len, vec);
   }
-  // Row r's weights, in the scores (free now): what it held (keep) and this pass's sums
-  // (add); -1 marks a row that saw no key and keeps what it held. Written, or merged by
-  // log-sum-exp with the rows so far (lse -inf: nothing yet).
-  float* keep = s;
-  float* add = s + 16;
-  if (half == 0) {
-    const bool live = l > 0.0f && row < q_len;
-    float* row_lse = lse + static_cast<std::size_t>(bh) * q_len + row;
-    float w_keep = 0.0f, w_add = live ? 1.0f / l : -1.0f;
-    if (live) {
-      const float piece = m + logf(l);
-      if (write) {
-        *row_lse = piece;
-      } else {
-        const float before = *row_lse, top = fmaxf(before, piece);
-        const float w_before = expf(before - top), w_piece = expf(piece - top);
-        const float total = w_before + w_piece;
-        w_keep = w_before / total, w_add = w_piece / (total * l);
-        *row_lse = top + logf(total);
+  ptx::cp_async_commit();
+
+  const int row_g = q0 + 16 * warp + g;  // this lane's query rows: row_g and row_g + 8
+  const float c = scale * 1.4426950408889634f;  // scores to base-2 exponents
+  std::uint32_t qf[D / 16][4];
+  float o[kDimBlocks][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int j = 0; j < tiles; ++j) {
+    const int k0 = j * kTile, buf = j % 2;
+    if (j + 1 < tiles) {  // the next tile into the other buffer, freed at the last barrier
+      fetch_tile<D>(k + (1 - buf) * kTileElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      fetch_tile<D>(v + (1 - buf) * kTileElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile j (and of q) have landed
+    const bf16* kt = k + buf * kTileElems;
+    const bf16* vt = v + buf * kTileElems;
+    if (j == 0)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ptx::ldmatrix_x4(qf[kk], q + (16 * warp + lane % 16) * kLd + 16 * kk + lane / 16 * 8);
+
+    // S = Q K^T: key block n (8 keys) of the tile in s[n].
+    float s[kKeyBlocks][4] = {};
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; n += 2)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t kf[4];  // key blocks n and n+1, dims 16kk.. and 16kk+8..
+        ptx::ldmatrix_x4(kf, kt + (8 * n + lane % 8 + lane / 16 * 8) * kLd + 16 * kk +
+                                 lane / 8 % 2 * 8);
+        const std::uint32_t lo[2] = {kf[0], kf[1]}, hi[2] = {kf[2], kf[3]};
+        ptx::mma_bf16_16816(s[n], qf[kk], lo, s[n]);
+        ptx::mma_bf16_16816(s[n + 1], qf[kk], hi, s[n + 1]);
+      }
+
+    // Masked (only where the tile reaches past the diagonal or the keys' end) and scaled
+    // to base 2; the row maxima over the row's four lanes.
+    const bool edge = k0 + kTile > at.kv.len || !at.sees(q0 + 16 * warp, k0 + kTile - 1);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2, key = k0 + 8 * n + 2 * t + e % 2;
+        float x = s[n][e] * c;
+        if (edge && !at.sees(row_g + 8 * half, key)) x = -INFINITY;
+        s[n][e] = x;
+        mx[half] = fmaxf(mx[half], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+      mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+      const float m_new = fmaxf(m[half], mx[half]);
+      const float ref = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing live yet
+      alpha[half] = exp2f(m[half] - ref);
+      m[half] = m_new, mx[half] = ref;
+      l[half] *= alpha[half];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[n][e] - mx[e / 2]);
+        s[n][e] = p;
+        l[e / 2] += p;
+      }
+#pragma unroll
+    for (int d = 0; d < kDimBlocks; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[d][e] *= alpha[e / 2];
+
+    // O += P V: P's key blocks 2kk and 2kk+1 are the A fragment of keys 16kk.. (rounded
+    // to bf16); V's [key][dim] rows read transposed give the B fragments.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const std::uint32_t pf[4] = {ptx::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                   ptx::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                   ptx::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   ptx::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int d = 0; d < kDimBlocks; d += 2) {
+        std::uint32_t vf[4];  // keys 16kk.. and 16kk+8.. of dim blocks d and d+1
+        ptx::ldmatrix_x4_trans(vf, vt + (16 * kk + lane % 8 + lane / 8 % 2 * 8) * kLd + 8 * d +
+                                       lane / 16 * 8);
+        const std::uint32_t lo[2] = {vf[0], vf[1]}, hi[2] = {vf[2], vf[3]};
+        ptx::mma_bf16_16816(o[d], pf, lo, o[d]);
+        ptx::mma_bf16_16816(o[d + 1], pf, hi, o[d + 1]);
       }
     }
-    keep[r] = w_keep, add[r] = w_add;
+    __syncthreads();  // every warp is done with buffer buf before it is refilled
   }
-  __syncwarp();
+
+  // Per row (half 0: row_g, 1: row_g + 8): its sums over the four lanes; the weights of
+  // what out held (keep) and of this pass (add); a row that saw no key keeps what it
+  // held. Written, or merged by log-sum-exp with the rows so far (lse -inf: nothing yet).
+  const int C = at.NH * D;
   bf16* dst = out + at.out_at(b, h);
-  for (int e = lane; e < 16 * D; e += 32) {
-    const int i = e / D, c = e % D, query = q0 + 16 * warp + i;
-    if (query >= q_len || add[i] < 0.0f) continue;
-    bf16& d = dst[static_cast<std::size_t>(query) * C + c];
-    const float x = o[i * kLdO + c] * add[i];
-    d = __float2bfloat16_rn(write ? x : __bfloat162float(d) * keep[i] + x);
+  float keep[2], add[2], row_lse[2];
+  bool live[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+    const int row = row_g + 8 * half;
+    live[half] = l[half] > 0.0f && row < q_len;
+    keep[half] = 0.0f, add[half] = 1.0f / l[half];
+    if (!live[half]) continue;
+    const float piece = (m[half] + log2f(l[half])) * 0.6931471805599453f;
+    float* lse_at = lse + static_cast<std::size_t>(bh) * q_len + row;
+    row_lse[half] = piece;
+    if (!write) {
+      const float before = *lse_at, top = fmaxf(before, piece);
+      const float w_before = expf(before - top), w_piece = expf(piece - top);
+      const float total = w_before + w_piece;
+      keep[half] = w_before / total, add[half] = w_piece / (total * l[half]);
+      row_lse[half] = top + logf(total);
+    }
+  }
+  __syncwarp();  // every lane has read lse before one of the row's lanes writes it
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!live[half]) continue;
+    const int row = row_g + 8 * half;
+    if (t == 0) lse[static_cast<std::size_t>(bh) * q_len + row] = row_lse[half];
+    bf16* d_row = dst + static_cast<std::size_t>(row) * C + 2 * t;
+#pragma unroll
+    for (int d = 0; d < kDimBlocks; ++d) {
+      float x0 = o[d][2 * half] * add[half], x1 = o[d][2 * half + 1] * add[half];
+      if (!write) {
+        x0 += __bfloat162float(d_row[8 * d]) * keep[half];
+        x1 += __bfloat162float(d_row[8 * d + 1]) * keep[half];
+      }
+      d_row[8 * d] = __float2bfloat16_rn(x0);
+      d_row[8 * d + 1] = __float2bfloat16_rn(x1);
+    }
   }
 }
 

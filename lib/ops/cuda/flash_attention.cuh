@@ -44,9 +44,8 @@ struct Smem {
   static constexpr std::size_t probs = round_up(16 * kLdP * sizeof(bf16));
   static constexpr std::size_t result = round_up(16 * kLdO * sizeof(float));
   static constexpr std::size_t rows = round_up(kTile * sizeof(float));
-  // Forward: tiles q, k, v; per warp scores, the output accumulator, probabilities.
-  static constexpr std::size_t fwd_warp = scores + result + probs;
-  static constexpr std::size_t fwd = 3 * tile + kWarps * fwd_warp;
+  // Forward: tiles q, and k and v twice (double-buffered); the rest is in registers.
+  static constexpr std::size_t fwd = 5 * tile;
   // Backward: tiles (q, dO, k, v); per warp scores and dP (together also the [16][D]
   // result at the end), two probability-like bf16 arrays; lse and D of kTile queries.
   static constexpr std::size_t bwd_warp = 2 * scores + 2 * probs;
@@ -182,15 +181,16 @@ __device__ void product_pb(FragC (&acc)[D / 16], const bf16* p, const bf16* b) {
   }
 }
 
-// f(std::integral_constant<int, D>{}) for the supported head sizes; false otherwise.
-template <typename F>
+// f(std::integral_constant<int, D>{}) for the supported head sizes, the multiples of 16
+// up to 128 (ops.hpp's cuda_fused_attention_head_size); false otherwise.
+template <int D = 16, typename F>
 bool with_head_size(int hs, F&& f) {
-  switch (hs) {
-    case 16: f(std::integral_constant<int, 16>{}); return true;
-    case 32: f(std::integral_constant<int, 32>{}); return true;
-    case 64: f(std::integral_constant<int, 64>{}); return true;
-    case 128: f(std::integral_constant<int, 128>{}); return true;
-    default: return false;
+  if constexpr (D > 128) {
+    return false;
+  } else {
+    if (hs != D) return with_head_size<D + 16>(hs, f);
+    f(std::integral_constant<int, D>{});
+    return true;
   }
 }
 

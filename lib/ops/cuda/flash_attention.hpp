@@ -24,7 +24,7 @@ struct FlashRows {
   int ld, first, len, k_col, v_col;
 };
 
-// True when the fused kernels handle head size hs (16, 32, 64 or 128) on a device
+// True when the fused kernels handle head size hs (a multiple of 16 up to 128) on a device
 // whose blocks may opt into max_smem bytes of shared memory
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin). One answer for forward and backward.
 bool flash_attention_supported(int hs, int max_smem);

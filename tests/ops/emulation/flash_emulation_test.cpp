@@ -1,7 +1,7 @@
 // The fused attention kernels (flash_attention.cu, flash_attention_backward.cu) under the
 // CUDA emulator against the CPU backend's attention (fp32, on the same bf16-rounded
-// inputs): output, logsumexp and the three gradients, for head sizes 16 and 64, sequences
-// of one row, of part of a tile, of one whole tile and of several tiles, with 16-byte
+// inputs): output, logsumexp and the three gradients, for every head size (16 to 128),
+// sequences of one row, of part of a tile, of one whole tile and of several tiles, with 16-byte
 // aligned and misaligned qkv, with as many key/value heads as query heads and with fewer;
 // and the same kernels on pieces of the sequence against the CPU's ring steps.
 #include <gtest/gtest.h>
@@ -108,7 +108,8 @@ TEST_P(EmulatedFlash, ForwardAndBackwardMatchCpu) {
 
 // Head sizes 16 and 64: one row, part of a tile, one whole tile, several tiles; and a
 // misaligned qkv (the element-wise tile loads). Then grouped key/value heads: two query
-// heads per key/value head, and four on one, over several tiles and misaligned.
+// heads per key/value head, and four on one, over several tiles and misaligned. Then
+// every other head size up to 128 at a tile less one row and one more, and 1024 rows.
 INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlash,
                          ::testing::Values(FlashShape{2, 1, 2, 2, 16, 0},    //
                                            FlashShape{2, 37, 2, 2, 16, 0},   //
@@ -121,7 +122,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EmulatedFlash,
                                            FlashShape{1, 37, 3, 3, 64, 1},   //
                                            FlashShape{2, 37, 4, 2, 16, 0},   //
                                            FlashShape{1, 130, 4, 1, 16, 0},  //
-                                           FlashShape{1, 37, 4, 2, 64, 1}),
+                                           FlashShape{1, 37, 4, 2, 64, 1},   //
+                                           FlashShape{2, 63, 2, 2, 32, 0},   //
+                                           FlashShape{1, 65, 2, 1, 48, 0},   //
+                                           FlashShape{1, 65, 2, 2, 80, 0},   //
+                                           FlashShape{1, 63, 1, 1, 96, 1},   //
+                                           FlashShape{1, 65, 2, 2, 112, 0},  //
+                                           FlashShape{1, 65, 2, 2, 128, 0},  //
+                                           FlashShape{1, 1024, 1, 1, 64, 0}),
                          [](const ::testing::TestParamInfo<FlashShape>& p) {
                            std::ostringstream o;
                            o << "T" << p.param.T << "_hs" << p.param.hs;
@@ -232,8 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Pieces, EmulatedFlashRing,
 
 TEST(EmulatedFlashSupport, HeadSizesAndSharedMemory) {
   constexpr int kH200 = 227 * 1024;
-  for (int hs : {16, 32, 64, 128}) EXPECT_TRUE(kern::flash_attention_supported(hs, kH200)) << hs;
-  EXPECT_FALSE(kern::flash_attention_supported(48, kH200));
+  for (int hs = 1; hs <= 256; ++hs)
+    EXPECT_EQ(kern::flash_attention_supported(hs, kH200), hs % 16 == 0 && hs <= 128) << hs;
   EXPECT_FALSE(kern::flash_attention_supported(128, 48 * 1024));
 }
 
