@@ -21,7 +21,6 @@
 
 #include "ops/cuda/flash_attention.cuh"
 #include "ops/cuda/flash_attention.hpp"
-#include "ops/cuda/warp_mma.cuh"
 
 namespace pptrain::ops::cuda {
 
@@ -29,38 +28,20 @@ using namespace flash;
 
 namespace {
 
-// Tile rows [row0, row0 + kTile) of src (its first D columns, row stride ld) into
-// tile (row stride D+8) with cp.async, zeros for rows >= T; or, when !vec (src or ld
-// not 16-byte aligned), with element loads that land at once.
-template <int D>
-__device__ void fetch_tile(bf16* tile, const bf16* src, std::size_t ld, int row0, int T, bool vec) {
-  if (!vec) return load_tile<D>(tile, src, ld, row0, T, false);
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks * 8;
-    const bool inside = row0 + r < T;
-    const bf16* from = inside ? src + static_cast<std::size_t>(row0 + r) * ld + c : src;
-    ptx::cp_async_16(tile + r * Smem<D>::kLdT + c, from, inside);
-  }
-}
-
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* out, float* lse, const bf16* __restrict__ q_rows,
                          const bf16* __restrict__ kv_rows, Pieces at, float scale, bool write,
                          bool vec) {
-  constexpr int kLd = Smem<D>::kLdT, kTileElems = kTile * kLd;
-  constexpr int kKeyBlocks = kTile / 8, kDimBlocks = D / 8;
-  bf16* smem = reinterpret_cast<bf16*>(dynamic_smem());
-  bf16* q = smem;                     // [kTile][kLd]
-  bf16* k = smem + kTileElems;        // two buffers
-  bf16* v = smem + 3 * kTileElems;    // two buffers
+  constexpr int kElems = Smem<D>::kElems;
+  bf16* q = dynamic_smem();  // then k twice, v twice
+  bf16* k = q + kElems;
+  bf16* v = q + 3 * kElems;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
   const int bh = blockIdx.x, b = bh / at.NH, h = bh % at.NH;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest rows go first
-  const int q_len = at.q.len, keys_end = at.keys_end(q0);
-  const int tiles = (keys_end + kTile - 1) / kTile;
+  const int q_len = at.q.len, tiles = (at.keys_end(q0) + kTile - 1) / kTile;
   const bf16* keys = kv_rows + at.k_at(b, at.kv_head(h));
   const bf16* values = kv_rows + at.v_at(b, at.kv_head(h));
   fetch_tile<D>(q, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
@@ -71,48 +52,31 @@ __global__ void __launch_bounds__(kThreads)
   ptx::cp_async_commit();
 
   const int row_g = q0 + 16 * warp + g;  // this lane's query rows: row_g and row_g + 8
-  const float c = scale * 1.4426950408889634f;  // scores to base-2 exponents
+  const float c = scale * kLog2e;        // scores to base-2 exponents
   std::uint32_t qf[D / 16][4];
-  float o[kDimBlocks][4] = {};
+  float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int j = 0; j < tiles; ++j) {
     const int k0 = j * kTile, buf = j % 2;
     if (j + 1 < tiles) {  // the next tile into the other buffer, freed at the last barrier
-      fetch_tile<D>(k + (1 - buf) * kTileElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
-      fetch_tile<D>(v + (1 - buf) * kTileElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      fetch_tile<D>(k + (1 - buf) * kElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      fetch_tile<D>(v + (1 - buf) * kElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
       ptx::cp_async_commit();
       ptx::cp_async_wait<1>();
     } else {
       ptx::cp_async_wait<0>();
     }
     __syncthreads();  // every thread's copies of tile j (and of q) have landed
-    const bf16* kt = k + buf * kTileElems;
-    const bf16* vt = v + buf * kTileElems;
-    if (j == 0)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        ptx::ldmatrix_x4(qf[kk], q + (16 * warp + lane % 16) * kLd + 16 * kk + lane / 16 * 8);
-
-    // S = Q K^T: key block n (8 keys) of the tile in s[n].
-    float s[kKeyBlocks][4] = {};
-#pragma unroll
-    for (int n = 0; n < kKeyBlocks; n += 2)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t kf[4];  // key blocks n and n+1, dims 16kk.. and 16kk+8..
-        ptx::ldmatrix_x4(kf, kt + (8 * n + lane % 8 + lane / 16 * 8) * kLd + 16 * kk +
-                                 lane / 8 % 2 * 8);
-        const std::uint32_t lo[2] = {kf[0], kf[1]}, hi[2] = {kf[2], kf[3]};
-        ptx::mma_bf16_16816(s[n], qf[kk], lo, s[n]);
-        ptx::mma_bf16_16816(s[n + 1], qf[kk], hi, s[n + 1]);
-      }
+    if (j == 0) load_a<D>(qf, q + 16 * warp * Smem<D>::kLd);
+    float s[kBlocks][4] = {};
+    product_abt<D>(s, qf, k + buf * kElems);  // S = Q_w K^T
 
     // Masked (only where the tile reaches past the diagonal or the keys' end) and scaled
     // to base 2; the row maxima over the row's four lanes.
     const bool edge = k0 + kTile > at.kv.len || !at.sees(q0 + 16 * warp, k0 + kTile - 1);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kKeyBlocks; ++n)
+    for (int n = 0; n < kBlocks; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2, key = k0 + 8 * n + 2 * t + e % 2;
@@ -133,36 +97,17 @@ __global__ void __launch_bounds__(kThreads)
       l[half] *= alpha[half];
     }
 #pragma unroll
-    for (int n = 0; n < kKeyBlocks; ++n)
+    for (int n = 0; n < kBlocks; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[n][e] - mx[e / 2]);
-        s[n][e] = p;
-        l[e / 2] += p;
+        s[n][e] = exp2f(s[n][e] - mx[e / 2]);
+        l[e / 2] += s[n][e];
       }
 #pragma unroll
-    for (int d = 0; d < kDimBlocks; ++d)
+    for (int d = 0; d < D / 8; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[d][e] *= alpha[e / 2];
-
-    // O += P V: P's key blocks 2kk and 2kk+1 are the A fragment of keys 16kk.. (rounded
-    // to bf16); V's [key][dim] rows read transposed give the B fragments.
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      const std::uint32_t pf[4] = {ptx::pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                                   ptx::pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                   ptx::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   ptx::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int d = 0; d < kDimBlocks; d += 2) {
-        std::uint32_t vf[4];  // keys 16kk.. and 16kk+8.. of dim blocks d and d+1
-        ptx::ldmatrix_x4_trans(vf, vt + (16 * kk + lane % 8 + lane / 8 % 2 * 8) * kLd + 8 * d +
-                                       lane / 16 * 8);
-        const std::uint32_t lo[2] = {vf[0], vf[1]}, hi[2] = {vf[2], vf[3]};
-        ptx::mma_bf16_16816(o[d], pf, lo, o[d]);
-        ptx::mma_bf16_16816(o[d + 1], pf, hi, o[d + 1]);
-      }
-    }
+    product_pb<D>(o, s, v + buf * kElems);  // O += P V
     __syncthreads();  // every warp is done with buffer buf before it is refilled
   }
 
@@ -200,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t == 0) lse[static_cast<std::size_t>(bh) * q_len + row] = row_lse[half];
     bf16* d_row = dst + static_cast<std::size_t>(row) * C + 2 * t;
 #pragma unroll
-    for (int d = 0; d < kDimBlocks; ++d) {
+    for (int d = 0; d < D / 8; ++d) {
       float x0 = o[d][2 * half] * add[half], x1 = o[d][2 * half + 1] * add[half];
       if (!write) {
         x0 += __bfloat162float(d_row[8 * d]) * keep[half];

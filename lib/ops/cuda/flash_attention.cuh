@@ -1,56 +1,50 @@
 // Device pieces shared by the fused attention kernels: tile sizes, the shared-memory
-// layouts (sized on the host from the same constants), tile loads from the interleaved
-// qkv / out layouts, the warp-level tensor-core products (nvcuda::wmma, bf16 16x16x16
-// fragments, fp32 accumulators) and the head-size dispatch.
+// layout (sized on the host from the same constants), tile fetches from the interleaved
+// qkv / out layouts, the warp-level tensor-core products on register fragments
+// (warp_mma.cuh: mma.sync bf16 m16n8k16, fp32 accumulators) and the head-size dispatch.
 //
 // A block has kWarps warps and works on one tile of kTile rows: of queries of one
 // (batch, query head) in the forward and dQ kernels, of keys of one (batch, key/value
-// head) in the dK/dV kernel; warp w owns rows
-// [16w, 16w+16) of it. Per step it meets one tile of kTile columns (keys or queries),
-// staged in shared memory by the whole block; everything after the staging is
-// warp-private, so warps only meet at the block barriers around the staging.
+// head) in the dK/dV kernel; warp w owns rows [16w, 16w+16) of it and keeps their
+// products in registers. Per step it meets one tile of kTile columns (keys or queries),
+// fetched into shared memory by the whole block with cp.async, double-buffered: the
+// next tile is in flight while the current one is used, and warps meet only at the
+// block barrier after each fetch lands and after each tile is used.
 #pragma once
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "ops/cuda/flash_attention.hpp"
 #include "ops/cuda/kernel_util.cuh"
+#include "ops/cuda/warp_mma.cuh"
 
 namespace pptrain::ops::cuda::flash {
 
 using bf16 = __nv_bfloat16;
-namespace wmma = nvcuda::wmma;
 
 inline constexpr int kTile = 64;  // rows and columns of a tile
 inline constexpr int kWarps = kTile / 16;
 inline constexpr int kThreads = 32 * kWarps;
-inline constexpr int kLdS = kTile + 4;  // row stride of a warp's fp32 [16][kTile] scores
-inline constexpr int kLdP = kTile + 8;  // row stride of a warp's bf16 [16][kTile] probabilities
+inline constexpr int kBlocks = kTile / 8;  // 8-column blocks of a warp's [16][kTile] scores
+inline constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr std::size_t round_up(std::size_t n) { return (n + 127) / 128 * 128; }
 
-// Shared memory, in 128-byte aligned regions. A bf16 [kTile][D] tile has row stride
-// D + 8 (16-byte rows, fewer bank conflicts).
+// Shared memory: bf16 [kTile][D] tiles with row stride D + 8 (16-byte rows whose eight
+// consecutive rows start in eight different bank groups: ldmatrix without conflicts).
 template <int D>
 struct Smem {
-  static constexpr int kLdT = D + 8;
-  static constexpr int kLdO = D + 4;  // fp32 [16][D] results
-  static constexpr std::size_t tile = round_up(std::size_t(kTile) * kLdT * sizeof(bf16));
-  static constexpr std::size_t scores = round_up(16 * kLdS * sizeof(float));
-  static constexpr std::size_t probs = round_up(16 * kLdP * sizeof(bf16));
-  static constexpr std::size_t result = round_up(16 * kLdO * sizeof(float));
-  static constexpr std::size_t rows = round_up(kTile * sizeof(float));
-  // Forward: tiles q, and k and v twice (double-buffered); the rest is in registers.
+  static constexpr int kLd = D + 8;
+  static constexpr int kElems = kTile * kLd;  // a tile's elements (a multiple of 8)
+  static constexpr std::size_t tile = round_up(std::size_t(kElems) * sizeof(bf16));
+  // Forward: q, and k and v twice. Backward: the block's own two tiles (q, dO or k, v)
+  // and the streamed pair twice, then the lse and D of kTile queries twice.
   static constexpr std::size_t fwd = 5 * tile;
-  // Backward: tiles (q, dO, k, v); per warp scores and dP (together also the [16][D]
-  // result at the end), two probability-like bf16 arrays; lse and D of kTile queries.
-  static constexpr std::size_t bwd_warp = 2 * scores + 2 * probs;
-  static constexpr std::size_t bwd = 4 * tile + kWarps * bwd_warp + 2 * rows;
-  static_assert(result <= 2 * scores, "the [16][D] result must fit in scores + dP");
+  static constexpr std::size_t bwd = 6 * tile + 4 * kTile * sizeof(float);
 };
 
 // The rows a launch reads, as flash_attention.hpp's FlashRows give them, with the head
@@ -87,97 +81,102 @@ struct Pieces {
   }
 };
 
-__device__ __forceinline__ unsigned char* dynamic_smem() {
+__device__ __forceinline__ bf16* dynamic_smem() {
   extern __shared__ __align__(128) unsigned char flash_smem[];
-  return flash_smem;
+  return reinterpret_cast<bf16*>(flash_smem);
 }
 
 // Rows [row0, row0 + kTile) of the [T, ld] matrix at src (its first D columns) into
-// tile[kTile][D+8]; rows >= T become zeros. vec: src and ld allow 16-byte loads.
+// tile (row stride D+8), zeros for rows >= T: with cp.async (the caller commits and
+// waits), or, when !vec (src or ld not 16-byte aligned), with element loads that land
+// at once.
 template <int D>
-__device__ void load_tile(bf16* tile, const bf16* src, std::size_t ld, int row0, int T, bool vec) {
+__device__ void fetch_tile(bf16* tile, const bf16* src, std::size_t ld, int row0, int T, bool vec) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < kTile * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks * 8;
-    Pack<bf16, 8> v;
-    if (row0 + r < T) {
-      const bf16* p = src + static_cast<std::size_t>(row0 + r) * ld + c;
-      if (vec) {
-        v = load_pack<8>(p);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v.v[e] = p[e];
-      }
+    const bool inside = row0 + r < T;
+    const bf16* from = inside ? src + static_cast<std::size_t>(row0 + r) * ld + c : src;
+    bf16* to = tile + r * Smem<D>::kLd + c;
+    if (vec) {
+      ptx::cp_async_16(to, from, inside);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v.v[e] = __float2bfloat16_rn(0.0f);
+      for (int e = 0; e < 8; ++e) to[e] = inside ? from[e] : __float2bfloat16_rn(0.0f);
     }
-    store_pack<8>(tile + r * Smem<D>::kLdT + c, v);
   }
 }
 
-// dst[r] = src[row0 + r] for the kTile rows (0 for rows >= T).
-__device__ inline void load_rows(float* dst, const float* src, int row0, int T) {
-  for (int r = threadIdx.x; r < kTile; r += kThreads) dst[r] = row0 + r < T ? src[row0 + r] : 0.0f;
-}
-
-// The warp's 16 rows of src (fp32, stride ld) times mul, rounded to bf16, to rows
-// row0.. of dst (row stride gld) that are < T; with `add`, added to what dst holds.
+// The A fragments of the warp's 16 rows of a tile (a: its first row), D/16 k-steps.
 template <int D>
-__device__ void store_rows(bf16* dst, std::size_t gld, int row0, int T, const float* src, int ld,
-                           float mul, bool add) {
+__device__ void load_a(std::uint32_t (&af)[D / 16][4], const bf16* a) {
   const int lane = threadIdx.x % 32;
-  for (int e = lane; e < 16 * D; e += 32) {
-    const int r = e / D, c = e % D;
-    if (row0 + r >= T) continue;
-    bf16& d = dst[static_cast<std::size_t>(row0 + r) * gld + c];
-    const float x = src[r * ld + c] * mul;
-    d = __float2bfloat16_rn(add ? __bfloat162float(d) + x : x);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ptx::ldmatrix_x4(af[kk], a + (lane % 16) * Smem<D>::kLd + 16 * kk + lane / 16 * 8);
+}
+
+// acc[n] += A b^T for column block n (rows 8n.. of the tile b), A the warp's [16][D]
+// fragments: a [16][kTile] product such as S = Q K^T.
+template <int D>
+__device__ void product_abt(float (&acc)[kBlocks][4], const std::uint32_t (&af)[D / 16][4],
+                            const bf16* b) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < kBlocks; n += 2)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t bf[4];  // row blocks n and n+1 of b, columns 16kk.. and 16kk+8..
+      ptx::ldmatrix_x4(bf, b + (8 * n + lane % 8 + lane / 16 * 8) * Smem<D>::kLd + 16 * kk +
+                               lane / 8 % 2 * 8);
+      const std::uint32_t lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
+      ptx::mma_bf16_16816(acc[n], af[kk], lo, acc[n]);
+      ptx::mma_bf16_16816(acc[n + 1], af[kk], hi, acc[n + 1]);
+    }
+}
+
+// acc[d] += P b for column block d of D, P the warp's [16][kTile] fp32 accumulators
+// (rounded to bf16: blocks 2kk and 2kk+1 of P are the A fragment of k-step kk) and b a
+// [kTile][D] tile read transposed (ldmatrix .trans).
+template <int D>
+__device__ void product_pb(float (&acc)[D / 8][4], const float (&p)[kBlocks][4], const bf16* b) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const std::uint32_t pf[4] = {ptx::pack_bf16(p[2 * kk][0], p[2 * kk][1]),
+                                 ptx::pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                                 ptx::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                                 ptx::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int d = 0; d < D / 8; d += 2) {
+      std::uint32_t bf[4];  // rows 16kk.. and 16kk+8.. of column blocks d and d+1
+      ptx::ldmatrix_x4_trans(bf, b + (16 * kk + lane % 8 + lane / 8 % 2 * 8) * Smem<D>::kLd +
+                                     8 * d + lane / 16 * 8);
+      const std::uint32_t lo[2] = {bf[0], bf[1]}, hi[2] = {bf[2], bf[3]};
+      ptx::mma_bf16_16816(acc[d], pf, lo, acc[d]);
+      ptx::mma_bf16_16816(acc[d + 1], pf, hi, acc[d + 1]);
+    }
   }
 }
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// out[16][kTile] (fp32, stride kLdS) = a[16][D] @ b[kTile][D]^T; a and b are rows of
-// bf16 tiles (stride D+8). b read column-major is b^T.
+// The warp's [16][D] accumulators times mul, rounded to bf16, to rows row0.. of dst (row
+// stride ld) that are < T; with `add`, added to what dst holds.
 template <int D>
-__device__ void product_abt(float* out, const bf16* a, const bf16* b) {
-  constexpr int ld = Smem<D>::kLdT;
-  FragA fa[D / 16];
+__device__ void store_rows(bf16* dst, std::size_t ld, int row0, int T, const float (&acc)[D / 8][4],
+                           float mul, bool add) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(fa[k], a + 16 * k, ld);
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row >= T) continue;
+    bf16* d_row = dst + static_cast<std::size_t>(row) * ld + 2 * t;
 #pragma unroll
-  for (int n = 0; n < kTile / 16; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
+    for (int d = 0; d < D / 8; ++d)
 #pragma unroll
-    for (int k = 0; k < D / 16; ++k) {
-      FragBCol fb;
-      wmma::load_matrix_sync(fb, b + 16 * n * ld + 16 * k, ld);
-      wmma::mma_sync(acc, fa[k], fb, acc);
-    }
-    wmma::store_matrix_sync(out + 16 * n, acc, kLdS, wmma::mem_row_major);
-  }
-}
-
-// acc[n] += p[16][kTile] @ b[kTile][D], column block n of 16; p is bf16 with stride
-// kLdP, b a bf16 tile (stride D+8).
-template <int D>
-__device__ void product_pb(FragC (&acc)[D / 16], const bf16* p, const bf16* b) {
-  constexpr int ld = Smem<D>::kLdT;
-#pragma unroll
-  for (int k = 0; k < kTile / 16; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, p + 16 * k, kLdP);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, b + 16 * k * ld + 16 * n, ld);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
+      for (int e = 0; e < 2; ++e) {
+        const float x = acc[d][2 * half + e] * mul;
+        d_row[8 * d + e] = __float2bfloat16_rn(add ? __bfloat162float(d_row[8 * d + e]) + x : x);
+      }
   }
 }
 

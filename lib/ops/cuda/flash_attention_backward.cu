@@ -1,14 +1,19 @@
-// Fused causal attention, backward (flash-attention-2 style, no atomics). With
-// P_ij = exp(scale q_i.k_j - lse_i) for j <= i (the forward's probabilities, rebuilt
-// from the saved lse), dP_ij = dO_i.v_j and D_i = dO_i.O_i = sum_j P_ij dP_ij:
+// Fused causal attention, backward (FlashAttention-2's products, deterministic: no
+// atomics). With P_ij = exp(scale q_i.k_j - lse_i) for j <= i (the forward's
+// probabilities, rebuilt from the saved lse), dP_ij = dO_i.v_j and
+// D_i = dO_i.O_i = sum_j P_ij dP_ij:
 //   dS = P * (dP - D)        (gradient of the scaled scores)
 //   dV_j = sum_i P_ij dO_i,  dK_j = scale sum_i dS_ij q_i,  dQ_i = scale sum_j dS_ij k_j.
 // O is the forward's output, passed in; a warp per query row computes D from it (into
-// workspace). Two kernels follow, each owning what it writes: one over the key tiles of
-// each key/value head (dK, dV accumulated in registers over the query heads of its
-// group, in order, and their query tiles at or below the diagonal) and one over the
-// query tiles of each query head (dQ over the key tiles at or left of it). Both rebuild
-// S and dP with tensor cores; P and dS go to the second products rounded to bf16. A
+// workspace). Two kernels follow, each owning what it writes, so that nothing is summed
+// by atomics in an order that changes from run to run: one over the key tiles of each
+// key/value head (dK, dV accumulated in registers over the query heads of its group, in
+// order, and their query tiles at or below the diagonal: S^T, dP^T, P^T dO, dS^T Q) and
+// one over the query tiles of each query head (dQ over the key tiles at or left of it:
+// S, dP, dS K). That is 7 products where FlashAttention-2's single kernel, which adds dQ
+// with atomics, has 5: S and dP are computed twice, 40% more tensor work in the backward.
+// Everything of a warp's 16 rows stays in registers (flash_attention.cuh's products): P
+// and dS go to the second products straight from the accumulators, rounded to bf16. A
 // ring step runs the same kernels on a piece of queries against a piece of keys, causal
 // by position, and adds its gradients to what dq and dkv hold.
 #include <cmath>
@@ -39,65 +44,38 @@ __global__ void row_dot_kernel(float* dot, const bf16* __restrict__ dout, const 
   }
 }
 
-// For the warp's 16 x kTile tile: P and dS from S and dP (fp32, stride kLdS), rounded
-// to bf16 into p (unless null) and ds (stride kLdP); 0 where the query does not see the
-// key. kKeyRows: rows are keys and columns queries (the dK/dV kernel), else the other
-// way round. lse and dot are indexed by the query's place: the column (kKeyRows) or the
-// row.
+// In place: s (scores) becomes P and dp (dO.v) becomes dS, for the warp's [16][kTile]
+// accumulators; 0 where the query does not see the key (checked only on an `edge`
+// tile). kKeyRows: rows are keys and columns queries (the dK/dV kernel), else the other
+// way round. lse2 (base 2) and dot are of the queries from the first row (the first
+// column, kKeyRows) on, in shared memory.
 template <bool kKeyRows>
-__device__ void probs_and_grads(bf16* p, bf16* ds, const float* s, const float* dp,
-                                const float* lse, const float* dot, int row0, int col0,
-                                const Pieces& at, float scale) {
-  const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-#pragma unroll 8
-  for (int j = 0; j < kTile / 2; ++j) {
-    const int c = 2 * j + half;
-    const int query = kKeyRows ? col0 + c : row0 + r, key = kKeyRows ? row0 + r : col0 + c;
-    const int qi = kKeyRows ? c : r;
-    float pv = 0.0f, dv = 0.0f;
-    if (at.sees(query, key)) {
-      pv = expf(s[r * kLdS + c] * scale - lse[qi]);
-      dv = pv * (dp[r * kLdS + c] - dot[qi]);
+__device__ void probs_and_grads(float (&s)[kBlocks][4], float (&dp)[kBlocks][4],
+                                const float* lse2, const float* dot, int row0, int col0,
+                                bool edge, const Pieces& at, float c) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kBlocks; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2, qi = kKeyRows ? col : r;
+      const bool seen =
+          !edge || (kKeyRows ? at.sees(col0 + col, row0 + r) : at.sees(row0 + r, col0 + col));
+      const float p = seen ? exp2f(s[n][e] * c - lse2[qi]) : 0.0f;
+      s[n][e] = p;
+      dp[n][e] = p * (dp[n][e] - dot[qi]);
     }
-    if (p != nullptr) p[r * kLdP + c] = __float2bfloat16_rn(pv);
-    ds[r * kLdP + c] = __float2bfloat16_rn(dv);
-  }
 }
 
-// The shared-memory regions of a backward block.
-template <int D>
-struct BwdRegions {
-  bf16 *own0, *own1, *str0, *str1;  // the block's own tile pair; the streamed tile pair
-  float *s, *dp;                     // this warp's S, dP (together: its [16][D] result)
-  bf16 *p, *ds;                      // this warp's P, dS
-  float *lse, *dot;                  // of the kTile queries of the current query tile
-  __device__ explicit BwdRegions(unsigned char* m) {
-    using L = Smem<D>;
-    own0 = reinterpret_cast<bf16*>(m);
-    own1 = reinterpret_cast<bf16*>(m + L::tile);
-    str0 = reinterpret_cast<bf16*>(m + 2 * L::tile);
-    str1 = reinterpret_cast<bf16*>(m + 3 * L::tile);
-    unsigned char* w = m + 4 * L::tile + (threadIdx.x / 32) * L::bwd_warp;
-    s = reinterpret_cast<float*>(w);
-    dp = reinterpret_cast<float*>(w + L::scores);
-    p = reinterpret_cast<bf16*>(w + 2 * L::scores);
-    ds = reinterpret_cast<bf16*>(w + 2 * L::scores + L::probs);
-    lse = reinterpret_cast<float*>(m + 4 * L::tile + kWarps * L::bwd_warp);
-    dot = reinterpret_cast<float*>(m + 4 * L::tile + kWarps * L::bwd_warp + L::rows);
+// lse2[r] = log2(e) lse[r] and d[r] = dot[r] for the kTile queries from q0 (rows past
+// q_len: 0, masked anyway); lse and dot point at the head's rows.
+__device__ inline void stage_rows(float* lse2, float* d, const float* lse, const float* dot,
+                                  int q0, int q_len) {
+  for (int r = threadIdx.x; r < kTile; r += kThreads) {
+    const bool inside = q0 + r < q_len;
+    lse2[r] = inside ? lse[q0 + r] * kLog2e : 0.0f;
+    d[r] = inside ? dot[q0 + r] : 0.0f;
   }
-};
-
-// Stores acc (times mul) as the warp's 16 rows starting at row0 of dst (stride gld), or
-// adds it (`add`).
-template <int D>
-__device__ void write_result(bf16* dst, std::size_t gld, int row0, int T, FragC (&acc)[D / 16],
-                             float* scratch, float mul, bool add) {
-  __syncwarp();  // the warp is done reading scratch
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n)
-    wmma::store_matrix_sync(scratch + 16 * n, acc[n], Smem<D>::kLdO, wmma::mem_row_major);
-  __syncwarp();
-  store_rows<D>(dst, gld, row0, T, scratch, Smem<D>::kLdO, mul, add);
 }
 
 // dQ for one query tile (warp: 16 queries) over the key tiles its queries see.
@@ -106,35 +84,56 @@ __global__ void __launch_bounds__(kThreads)
     flash_dq_kernel(bf16* dq, const bf16* __restrict__ dout, const bf16* __restrict__ q_rows,
                     const bf16* __restrict__ kv_rows, const float* __restrict__ lse,
                     const float* __restrict__ dot, Pieces at, float scale, bool add, bool vec) {
-  constexpr int ldt = Smem<D>::kLdT;
-  const BwdRegions<D> R(dynamic_smem());
-  bf16 *q = R.own0, *dO = R.own1, *k = R.str0, *v = R.str1;
+  constexpr int kElems = Smem<D>::kElems;
+  bf16* q = dynamic_smem();  // then dO, k twice, v twice
+  bf16* dO = q + kElems;
+  bf16* k = q + 2 * kElems;
+  bf16* v = q + 4 * kElems;
+  float* lse2 = reinterpret_cast<float*>(q + 6 * kElems);  // then D
   const int warp = threadIdx.x / 32;
   const int bh = blockIdx.x, b = bh / at.NH, h = bh % at.NH, q_len = at.q.len;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest rows go first
+  const int row0 = q0 + 16 * warp, tiles = (at.keys_end(q0) + kTile - 1) / kTile;
   const bf16* keys = kv_rows + at.k_at(b, at.kv_head(h));
   const bf16* values = kv_rows + at.v_at(b, at.kv_head(h));
-  load_tile<D>(q, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
-  load_tile<D>(dO, dout + at.out_at(b, h), at.NH * D, q0, q_len, vec);
-  load_rows(R.lse, lse + static_cast<std::size_t>(bh) * q_len, q0, q_len);
-  load_rows(R.dot, dot + static_cast<std::size_t>(bh) * q_len, q0, q_len);
-  FragC acc[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-  for (int k0 = 0; k0 < at.keys_end(q0); k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous k, v
-    load_tile<D>(k, keys, at.kv.ld, k0, at.kv.len, vec);
-    load_tile<D>(v, values, at.kv.ld, k0, at.kv.len, vec);
-    __syncthreads();
-    product_abt<D>(R.s, q + 16 * warp * ldt, k);    // S = Q_w K^T
-    product_abt<D>(R.dp, dO + 16 * warp * ldt, v);  // dP = dO_w V^T
-    __syncwarp();
-    probs_and_grads<false>(nullptr, R.ds, R.s, R.dp, R.lse + 16 * warp, R.dot + 16 * warp,
-                           q0 + 16 * warp, k0, at, scale);
-    __syncwarp();
-    product_pb<D>(acc, R.ds, k);  // dQ_w += dS K
+  fetch_tile<D>(q, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
+  fetch_tile<D>(dO, dout + at.out_at(b, h), at.NH * D, q0, q_len, vec);
+  if (tiles > 0) {
+    fetch_tile<D>(k, keys, at.kv.ld, 0, at.kv.len, vec);
+    fetch_tile<D>(v, values, at.kv.ld, 0, at.kv.len, vec);
   }
-  write_result<D>(dq + at.q_at(b, h), at.q.ld, q0 + 16 * warp, q_len, acc, R.s, scale, add);
+  ptx::cp_async_commit();
+  const std::size_t head_rows = static_cast<std::size_t>(bh) * q_len;
+  stage_rows(lse2, lse2 + kTile, lse + head_rows, dot + head_rows, q0, q_len);
+  const float c = scale * kLog2e;
+  float acc[D / 8][4] = {};
+  for (int j = 0; j < tiles; ++j) {
+    const int k0 = j * kTile, buf = j % 2;
+    if (j + 1 < tiles) {
+      fetch_tile<D>(k + (1 - buf) * kElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      fetch_tile<D>(v + (1 - buf) * kElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile j (and q, dO) landed for every thread
+    const bf16* kt = k + buf * kElems;
+    float s[kBlocks][4] = {}, dp[kBlocks][4] = {};
+    {
+      std::uint32_t af[D / 16][4];
+      load_a<D>(af, q + 16 * warp * Smem<D>::kLd);
+      product_abt<D>(s, af, kt);  // S = Q_w K^T
+      load_a<D>(af, dO + 16 * warp * Smem<D>::kLd);
+      product_abt<D>(dp, af, v + buf * kElems);  // dP = dO_w V^T
+    }
+    const bool edge = !(at.sees(row0, k0 + kTile - 1) && at.sees(row0 + 15, k0 + kTile - 1));
+    probs_and_grads<false>(s, dp, lse2 + 16 * warp, lse2 + kTile + 16 * warp, row0, k0, edge, at,
+                           c);
+    product_pb<D>(acc, dp, kt);  // dQ_w += dS K
+    __syncthreads();  // every warp is done with buffer buf before it is refilled
+  }
+  store_rows<D>(dq + at.q_at(b, h), at.q.ld, row0, q_len, acc, scale, add);
 }
 
 // dK, dV for one key tile (warp: 16 keys) of one key/value head, over the query heads of
@@ -144,43 +143,63 @@ __global__ void __launch_bounds__(kThreads)
     flash_dkv_kernel(bf16* dkv, const bf16* __restrict__ dout, const bf16* __restrict__ q_rows,
                      const bf16* __restrict__ kv_rows, const float* __restrict__ lse,
                      const float* __restrict__ dot, Pieces at, float scale, bool add, bool vec) {
-  constexpr int ldt = Smem<D>::kLdT;
-  const BwdRegions<D> R(dynamic_smem());
-  bf16 *k = R.own0, *v = R.own1, *q = R.str0, *dO = R.str1;
+  constexpr int kElems = Smem<D>::kElems;
+  bf16* k = dynamic_smem();  // then v, q twice, dO twice
+  bf16* v = k + kElems;
+  bf16* q = k + 2 * kElems;
+  bf16* dO = k + 4 * kElems;
+  float* rows = reinterpret_cast<float*>(k + 6 * kElems);  // lse2, D; twice
   const int warp = threadIdx.x / 32;
   const int bkv = blockIdx.x, b = bkv / at.NKV, kvh = bkv % at.NKV, group = at.NH / at.NKV;
   const int k0 = blockIdx.y * kTile;  // tile 0 meets the most queries: it goes first
-  const int q_len = at.q.len, kv_len = at.kv.len;
-  load_tile<D>(k, kv_rows + at.k_at(b, kvh), at.kv.ld, k0, kv_len, vec);
-  load_tile<D>(v, kv_rows + at.v_at(b, kvh), at.kv.ld, k0, kv_len, vec);
-  FragC dk[D / 16], dv[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
-  }
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-    const std::size_t bh = static_cast<std::size_t>(b) * at.NH + h;
-    const bf16* queries = q_rows + at.q_at(b, h);
-    const bf16* dbase = dout + at.out_at(b, h);
-    for (int q0 = at.first_query_tile(k0); q0 < q_len; q0 += kTile) {
-      __syncthreads();  // every warp is done with the previous q, dO, lse, dot
-      load_tile<D>(q, queries, at.q.ld, q0, q_len, vec);
-      load_tile<D>(dO, dbase, at.NH * D, q0, q_len, vec);
-      load_rows(R.lse, lse + bh * q_len, q0, q_len);
-      load_rows(R.dot, dot + bh * q_len, q0, q_len);
-      __syncthreads();
-      product_abt<D>(R.s, k + 16 * warp * ldt, q);    // S^T = K_w Q^T
-      product_abt<D>(R.dp, v + 16 * warp * ldt, dO);  // dP^T = V_w dO^T
-      __syncwarp();
-      probs_and_grads<true>(R.p, R.ds, R.s, R.dp, R.lse, R.dot, k0 + 16 * warp, q0, at, scale);
-      __syncwarp();
-      product_pb<D>(dv, R.p, dO);  // dV_w += P^T dO
-      product_pb<D>(dk, R.ds, q);  // dK_w += dS^T Q
+  const int q_len = at.q.len, kv_len = at.kv.len, row0 = k0 + 16 * warp;
+  // The (query head, query tile) steps, in order: the heads of the group, and for each
+  // the query tiles from the first that sees the key tile.
+  const int first = at.first_query_tile(k0);
+  const int per_head = first < q_len ? (q_len - first + kTile - 1) / kTile : 0;
+  const int steps = group * per_head;
+  auto fetch_step = [&](int i, int buf) {
+    const int h = kvh * group + i / per_head, q0 = first + i % per_head * kTile;
+    fetch_tile<D>(q + buf * kElems, q_rows + at.q_at(b, h), at.q.ld, q0, q_len, vec);
+    fetch_tile<D>(dO + buf * kElems, dout + at.out_at(b, h), at.NH * D, q0, q_len, vec);
+  };
+  fetch_tile<D>(k, kv_rows + at.k_at(b, kvh), at.kv.ld, k0, kv_len, vec);
+  fetch_tile<D>(v, kv_rows + at.v_at(b, kvh), at.kv.ld, k0, kv_len, vec);
+  if (steps > 0) fetch_step(0, 0);
+  ptx::cp_async_commit();
+  const float c = scale * kLog2e;
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  for (int i = 0; i < steps; ++i) {
+    const int buf = i % 2, h = kvh * group + i / per_head, q0 = first + i % per_head * kTile;
+    const std::size_t head_rows = (static_cast<std::size_t>(b) * at.NH + h) * q_len;
+    float* lse2 = rows + buf * 2 * kTile;  // its last readers passed two barriers since
+    stage_rows(lse2, lse2 + kTile, lse + head_rows, dot + head_rows, q0, q_len);
+    if (i + 1 < steps) {
+      fetch_step(i + 1, 1 - buf);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
     }
+    __syncthreads();  // step i's q and dO (and k, v) landed for every thread
+    const bf16* qt = q + buf * kElems;
+    const bf16* dOt = dO + buf * kElems;
+    float st[kBlocks][4] = {}, dpt[kBlocks][4] = {};
+    {
+      std::uint32_t af[D / 16][4];
+      load_a<D>(af, k + 16 * warp * Smem<D>::kLd);
+      product_abt<D>(st, af, qt);  // S^T = K_w Q^T
+      load_a<D>(af, v + 16 * warp * Smem<D>::kLd);
+      product_abt<D>(dpt, af, dOt);  // dP^T = V_w dO^T
+    }
+    const bool edge = !(at.sees(q0, row0 + 15) && at.sees(q0 + kTile - 1, row0 + 15));
+    probs_and_grads<true>(st, dpt, lse2, lse2 + kTile, row0, q0, edge, at, c);
+    product_pb<D>(dv, st, dOt);  // dV_w += P^T dO
+    product_pb<D>(dk, dpt, qt);  // dK_w += dS^T Q
+    __syncthreads();  // every warp is done with buffer buf before it is refilled
   }
-  write_result<D>(dkv + at.k_at(b, kvh), at.kv.ld, k0 + 16 * warp, kv_len, dk, R.s, scale, add);
-  write_result<D>(dkv + at.v_at(b, kvh), at.kv.ld, k0 + 16 * warp, kv_len, dv, R.s, 1.0f, add);
+  store_rows<D>(dkv + at.k_at(b, kvh), at.kv.ld, row0, kv_len, dk, scale, add);
+  store_rows<D>(dkv + at.v_at(b, kvh), at.kv.ld, row0, kv_len, dv, 1.0f, add);
 }
 
 // The three launches: the row dots, dQ over the query rows q, dK and dV over the key
