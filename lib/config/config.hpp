@@ -123,12 +123,13 @@ struct TrainConfig {
 
 // Whether a run on CUDA (on_cuda) or on the CPU, at context-parallel degree cp, uses the
 // fused attention kernels. auto is fused on the CPU, where the blocked kernel is as fast
-// or faster and keeps no T x T probabilities (docs/performance.md); on CUDA it is fused
-// for context parallelism's ring, whose other form is plain loops, and otherwise
-// unfused, as the flash-style kernel has not yet run on a GPU.
+// or faster and keeps no T x T probabilities (docs/performance.md), and on CUDA in bf16,
+// where the flash kernels keep S, P and O in registers (flash_attention.cu); in fp32 on
+// CUDA, where there are no fused kernels, it is unfused but for context parallelism's
+// ring (whose steps then run plain loop kernels).
 inline bool uses_fused_attention(const TrainConfig& t, bool on_cuda, int cp) {
-  return t.attention == Attention::Fused ||
-         (t.attention == Attention::Auto && (!on_cuda || cp > 1));
+  if (t.attention != Attention::Auto) return t.attention == Attention::Fused;
+  return !on_cuda || t.precision != Precision::FP32 || cp > 1;
 }
 
 struct DataConfig {

@@ -74,7 +74,7 @@ TEST_P(CudaOpsModelTest, FlashAttentionForwardAndBackward) {
   gpu = std::make_unique<CudaOps>(0, dtype(), /*fuse_epilogues=*/true, /*flash_attention=*/true);
   EXPECT_EQ(gpu->name().find("fused attention") != std::string::npos, bf16()) << gpu->name();
   const int B = 2;
-  for (int hs : {16, 32, 64, 128, 12}) {
+  for (int hs : {16, 32, 64, 96, 128, 12}) {
     for (int T : {1, 37, 64, 200}) {
       const int NH = hs == 128 ? 2 : (hs == 64 ? 3 : 4);
       SCOPED_TRACE("hs=" + std::to_string(hs) + " T=" + std::to_string(T));

@@ -11,8 +11,8 @@
 // Fused (flash_attention on and bf16 compute): the kernels of flash_attention.hpp,
 // reading qkv and writing out in place; the state is the rows' logsumexp, fp32
 // [B, NH, T], and the backward also reads the forward's out. Head sizes they do not
-// handle (other than 16, 32, 64, 128, or a device without the shared memory they need)
-// take the unfused path with the probabilities in workspace, recomputed by the
+// handle (other than the multiples of 16 up to 128, or a device without the shared
+// memory they need) take the unfused path with the probabilities in workspace, recomputed by the
 // backward, since the state is sized for the fused kernels (attention_state_bytes does
 // not see the head size). The choice depends only on the head size and the device, so
 // forward and backward always agree.
