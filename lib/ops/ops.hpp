@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -128,6 +129,12 @@ class Ops {
   virtual void* native_stream() { return nullptr; }
   // Most backend memory held at once so far (bytes; 0 when the backend does not track it).
   virtual std::size_t peak_memory_bytes() const { return 0; }
+  // What the device's kernels have done so far, where the runtime counts it (the CUDA
+  // emulator: tests/ops/emulation/emulator_counters.hpp); nullopt elsewhere.
+  struct KernelCounters {
+    std::uint64_t launches = 0, global_bytes = 0, shared_bytes = 0, mma_ops = 0;
+  };
+  virtual std::optional<KernelCounters> kernel_counters() const { return std::nullopt; }
   // The accelerator's model name for MFU's peak table ("" on the CPU).
   virtual std::string device_model() const { return {}; }
 

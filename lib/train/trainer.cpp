@@ -116,6 +116,8 @@ class RankTrainer {
   struct StepOutcome {
     double loss = 0, grad_norm = 0, lr = 0, seconds = 0;
     std::int64_t device_syncs = 0;  // this rank's host waits on the device in the step
+    // What this rank's kernels did in the step, where the runtime counts it.
+    std::optional<ops::Ops::KernelCounters> kernels;
     StepReport report;
   };
   void resume_or_init();
@@ -264,6 +266,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const int M = par.micro_batches, B = par.micro_batch_size, T = cfg_.model.seq_len;
   ops::Ops& ops = *s_.ops;
   const std::int64_t waits_before = ops.host_waits() ? ops.host_waits()->count() : 0;
+  const auto kernels_before = ops.kernel_counters();
   const auto t0 = Clock::now();
   s_.model.zero_grads();
   // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
@@ -318,6 +321,11 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   o.grad_norm = sync_.grad_norm();
   check_finite(step, o.loss, o.grad_norm);
   o.device_syncs = ops.host_waits() ? ops.host_waits()->count() - waits_before : 0;
+  if (const auto after = ops.kernel_counters(); after && kernels_before)
+    o.kernels = ops::Ops::KernelCounters{after->launches - kernels_before->launches,
+                                         after->global_bytes - kernels_before->global_bytes,
+                                         after->shared_bytes - kernels_before->shared_bytes,
+                                         after->mma_ops - kernels_before->mma_ops};
   o.report = aggregate(s_, st, marks[comm_end] - marks[comm_begin], double(o.device_syncs),
                        signals_.requested());
   o.seconds = seconds(t1 - t0);
@@ -388,6 +396,12 @@ void RankTrainer::report(int64_t n, const StepOutcome& o, const std::optional<do
                         {"device_syncs", rep.device_syncs}};
   if (val_loss) rec["val_loss"] = *val_loss;
   if (peak_tflops_ > 0) rec["mfu"] = util;
+  if (o.kernels) {  // rank 0's kernels in the step (the CUDA emulator counts them)
+    rec["kernel_launches"] = o.kernels->launches;
+    rec["global_bytes"] = o.kernels->global_bytes;
+    rec["shared_bytes"] = o.kernels->shared_bytes;
+    rec["mma_ops"] = o.kernels->mma_ops;
+  }
   if (s_.ops->device_memory()) rec["peak_device_mib"] = rep.peak_memory_mib;  // its old name
   metrics_.write(rec);
 }

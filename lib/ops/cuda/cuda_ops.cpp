@@ -52,6 +52,17 @@ CudaOps::~CudaOps() {
   for (const auto& [p, bytes] : memory_.live()) (void)cudaFree(p);
 }
 
+// The CUDA emulator counts what kernels do (tests/ops/emulation); a GPU's runtime does not.
+std::optional<Ops::KernelCounters> CudaOps::kernel_counters() const {
+#ifdef PPTRAIN_CUDA_EMULATOR
+  const pptrain_emu::counters::Counts c = pptrain_emu::counters::totals();
+  return KernelCounters{c.launches, c.global_read + c.global_written,
+                        c.shared_read + c.shared_written, c.mma};
+#else
+  return std::nullopt;
+#endif
+}
+
 std::string CudaOps::name() const {
   return "cuda:" + std::to_string(device_) + " " + device_model_ + " (" + dtype_name(dtype_) +
          (flash_active() ? ", fused attention" : "") + ")";

@@ -75,6 +75,7 @@ class CudaOps final : public Ops {
   HostWaitCounter* host_waits() override { return &waits_; }
   void* native_stream() override { return stream_.get(); }
   std::size_t peak_memory_bytes() const override { return memory_.peak(); }
+  std::optional<KernelCounters> kernel_counters() const override;
   std::string device_model() const override { return device_model_; }
 
   void to_compute(Act* dst, const float* src, std::size_t n) override;

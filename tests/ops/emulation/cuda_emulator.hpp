@@ -41,6 +41,7 @@
 // stops the build here.
 #define __shared__ PPTRAIN_EMULATOR_CANNOT_REWRITE_THIS_SHARED_DECLARATION
 
+#include "emulator_counters.hpp"
 #include "emulator_ptx.hpp"
 #include "emulator_runtime.hpp"
 

@@ -16,6 +16,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "emulator_counters.hpp"
+#include "emulator_races.hpp"
+
 namespace pptrain_emu::detail {
 
 std::string site(const std::source_location& w) {
@@ -65,6 +68,25 @@ Launch::Launch(const LaunchConfig& c, KernelBody body, ScheduleOrder order, Stac
   stacks_.reserve(threads_);
   dynamic_.assign(c.smem + kCanary + 256, kPoison);
   static_.assign(kStaticSharedLimit + 64 * kCanary + 256, kPoison);
+  mark_shared(true);
+  auto range = [](std::vector<unsigned char>& v) {
+    const auto p = reinterpret_cast<std::uintptr_t>(v.data());
+    return counters::Range{p, p + v.size()};
+  };
+  counters::begin_kernel(site(c.where), range(dynamic_), range(static_));
+}
+
+Launch::~Launch() {
+  counters::end_kernel();
+  mark_shared(false);
+}
+
+void Launch::mark_shared(bool mark) {
+  for (std::vector<unsigned char>* v : {&dynamic_, &static_}) {
+    const auto p = reinterpret_cast<std::uintptr_t>(v->data());
+    const std::uintptr_t lo = (p + 7) / 8 * 8, hi = (p + v->size()) / 8 * 8;
+    if (hi > lo) races::mark_device_memory(reinterpret_cast<void*>(lo), hi - lo, mark);
+  }
 }
 
 void Launch::run() {

@@ -96,6 +96,9 @@ Launch*& current_launch();
 class Launch {
  public:
   Launch(const LaunchConfig& c, KernelBody body, ScheduleOrder order, Stacks& stacks);
+  ~Launch();
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
   void run();
 
   // The calls a running fiber makes.
@@ -125,6 +128,8 @@ class Launch {
     return v.data() + (256 - p % 256) % 256;
   }
   unsigned char* dynamic_base() { return aligned(dynamic_); }
+  // Marks the shared buffers in the access shadow (emulator_counters.hpp), or unmarks.
+  void mark_shared(bool mark);
   unsigned char* static_base() { return aligned(static_); }
 
   // Ranks order the fibers: thread index ascending, or descending.

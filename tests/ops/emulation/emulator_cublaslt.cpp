@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "emulator_counters.hpp"
 #include "emulator_races.hpp"
 #include "emulator_streams.hpp"
 
@@ -116,31 +117,36 @@ struct Product {
 };
 
 // Tells the race detector about `batch` stored matrices of rows x cols (column-major at
-// ld, batches `stride` elements apart), column by column.
-void note_matrix(const void* p, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
-                 int64_t stride, std::size_t elem, bool write) {
+// ld, batches `stride` elements apart), column by column; returns their bytes.
+unsigned long long note_matrix(const void* p, uint64_t rows, uint64_t cols, int64_t ld,
+                               int32_t batch, int64_t stride, std::size_t elem, bool write) {
   for (int32_t k = 0; k < batch; ++k)
     for (uint64_t j = 0; j < cols; ++j)
       races::note(static_cast<const char*>(p) + (std::size_t(k) * stride + j * ld) * elem,
                   rows * elem, write);
+  return rows * cols * std::uint64_t(batch) * elem;
 }
 
-// What compute() reads and writes.
+// What compute() reads and writes, for the race detector and the counters.
 void note_accesses(const Product& p) {
   const MatmulDesc& desc = p.desc;
   const uint32_t e = desc.epilogue;
   const int32_t n = p.s.batch;
+  unsigned long long read = 0, written = 0;
   for (const auto& [m, l] : {std::pair{p.A, &p.a}, std::pair{p.B, &p.b}})
-    note_matrix(m, l->rows, l->cols, l->ld, n, l->stride, type_size(l->type), false);
+    read += note_matrix(m, l->rows, l->cols, l->ld, n, l->stride, type_size(l->type), false);
   if (p.beta != 0.0f)
-    note_matrix(p.C, p.s.m, p.s.n, p.c.ld, n, p.c.stride, type_size(p.c.type), false);
+    read += note_matrix(p.C, p.s.m, p.s.n, p.c.ld, n, p.c.stride, type_size(p.c.type), false);
   if (has_bias(e))
-    note_matrix(desc.bias, p.s.m, 1, int64_t(p.s.m), n, desc.bias_batch_stride,
-                type_size(p.bias_type), false);
+    read += note_matrix(desc.bias, p.s.m, 1, int64_t(p.s.m), n, desc.bias_batch_stride,
+                        type_size(p.bias_type), false);
   if (has_aux(e))
-    note_matrix(desc.aux, p.s.m, p.s.n, desc.aux_ld, n, desc.aux_batch_stride,
-                type_size(p.aux_type), writes_aux(e));
-  note_matrix(p.D, p.s.m, p.s.n, p.d.ld, n, p.d.stride, type_size(p.d.type), true);
+    (writes_aux(e) ? written : read) +=
+        note_matrix(desc.aux, p.s.m, p.s.n, desc.aux_ld, n, desc.aux_batch_stride,
+                    type_size(p.aux_type), writes_aux(e));
+  written += note_matrix(p.D, p.s.m, p.s.n, p.d.ld, n, p.d.stride, type_size(p.d.type), true);
+  counters::product("cublasLtMatmul", read, written,
+                    std::uint64_t(p.s.m) * p.s.n * p.s.k * std::uint64_t(n) / 2048);
 }
 
 void compute(const Product& p) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "emulator_block.hpp"
+#include "emulator_counters.hpp"
 #include "emulator_races.hpp"
 
 namespace pptrain_emu::ptx {
@@ -68,6 +69,7 @@ void complete_mma(void* const* lanes, unsigned mask) {
     }
   }
   ++mma_count;
+  counters::mma(1);
 }
 
 struct LdmatrixLane {
@@ -103,6 +105,7 @@ void complete_ldmatrix(void* const* lanes, unsigned mask) {
     }
   }
   ++ldmatrix_count;
+  counters::shared_moved(std::size_t(first.count) * 128, false);
 }
 
 }  // namespace
@@ -128,10 +131,12 @@ void cp_async_16(void* dst, const void* src, bool fill) {
   detail::AsyncCopy copy{dst, {}};
   if (fill) {
     races::note(src, 16, false);
+    counters::global_access(16, false);
     std::memcpy(copy.bytes, src, 16);
   }
   std::memset(dst, detail::kPoison, 16);  // until its wait
   L.fiber().copies.push_back(copy);
+  counters::shared_moved(16, true);
   ++cp_async_count;
 }
 

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "emulator_counters.hpp"
 #include "emulator_runtime.hpp"  // fail
 
 namespace pptrain_emu::races {
@@ -336,6 +337,8 @@ void device_access(std::uintptr_t a, std::size_t n, bool write) {
   // A GPU faults on a misaligned 16-byte vector access; so does the emulator.
   if (n == 16 && a % 16 != 0)
     pptrain_emu::fail("a 16-byte vector access to device memory that is not 16-byte aligned");
+  if (pptrain_emu::counters::shared_access(a, n, write)) return;  // marked too: counted only
+  pptrain_emu::counters::global_access(n, write);
   pptrain_emu::races::note(reinterpret_cast<const void*>(a), n, write);
 }
 }  // namespace

@@ -65,10 +65,17 @@ inline const Access& agreed(void* const* lanes, unsigned mask, const char* what)
 
 // A load reads the memory when the first lane arrives (so a lane's write that lacks a
 // __syncwarp before the load is missed) and hands the matrix to every lane at the end.
+// The counters (emulator_counters.hpp): a fragment's bytes, from shared or global memory.
+inline void count_access(const void* p, std::size_t bytes, bool write) {
+  if (!pptrain_emu::counters::shared_access(reinterpret_cast<std::uintptr_t>(p), bytes, write))
+    pptrain_emu::counters::global_access(bytes, write);
+}
+
 template <typename T>
 void first_load(void* data) {
   auto& a = *static_cast<Access*>(data);
   check_access(a, sizeof(T), "wmma::load_matrix_sync");
+  count_access(a.ptr, 256 * sizeof(T), false);
   const T* p = static_cast<const T*>(a.ptr);
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j)
@@ -109,6 +116,7 @@ inline void complete_store(void* const* lanes, unsigned mask) {
   Store s;
   std::memcpy(s.m, a.m, sizeof(s.m));
   s.p = static_cast<float*>(const_cast<void*>(a.ptr)), s.ld = a.ld, s.col = a.col;
+  count_access(a.ptr, 256 * sizeof(float), true);
   pptrain_emu::defer_to_warp_sync(&apply_store, &s, sizeof(s));
 }
 
@@ -130,6 +138,7 @@ inline void complete_mma(void* const* lanes, unsigned mask) {
       r[i][j] = s;
     }
   for (int l = 0; l < 32; ++l) std::memcpy(static_cast<const Mma*>(lanes[l])->d, r, sizeof(r));
+  pptrain_emu::counters::mma(2);  // a 16x16x16 product is two m16n8k16 instructions
 }
 
 }  // namespace detail

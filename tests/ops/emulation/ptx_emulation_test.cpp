@@ -1,7 +1,7 @@
 // The emulator's PTX instructions (emulator_ptx.hpp) against their documented semantics:
 // mma.sync's fragment layouts, ldmatrix's in each of its shapes and with .trans, the
 // groups of cp.async and the poison a copy holds until its wait, and the faults a GPU
-// raises (misaligned addresses, a cp.async into global memory).
+// raises (misaligned addresses, a cp.async into global memory); and the counters.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "emulation_test_util.hpp"
+#include "emulator_counters.hpp"
 #include "ptx_test_kernels.hpp"
 
 namespace pptrain::emulation_test {
@@ -57,6 +58,34 @@ TEST(EmulatedPtx, LdmatrixShapesFeedTheProduct) {
       for (int j = 0; j < 16; ++j)
         EXPECT_NEAR(d[i * 16 + j], product(a, b, 16, i, j), 1e-4) << route << ": " << i << "," << j;
   }
+}
+
+// The counters see the kernel's plain loads and stores (through GCC's instrumentation)
+// and what ldmatrix moves: a and b read (512 bytes each), staged in shared memory (1,024
+// bytes written), read back by two .x4 ldmatrix (1,024 bytes), two mma.sync, d written.
+TEST(EmulatedPtx, CountersSeeEveryByteAndInstruction) {
+#if defined(__GNUC__) && !defined(__clang__)
+  // Device allocations (the test's Device arrays are host memory, which is not counted).
+  std::vector<bf16> ab(512, __float2bfloat16_rn(1.0f));
+  void *a = nullptr, *d = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, 512 * sizeof(bf16)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d, 256 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, ab.data(), 512 * sizeof(bf16), cudaMemcpyHostToDevice), cudaSuccess);
+  const auto before = pptrain_emu::counters::totals();
+  pt::ldmatrix_product(static_cast<float*>(d), static_cast<bf16*>(a), static_cast<bf16*>(a) + 256,
+                       0);
+  const auto c = pptrain_emu::counters::totals();
+  ASSERT_EQ(cudaFree(a), cudaSuccess);
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(c.launches - before.launches, 1u);
+  EXPECT_EQ(c.mma - before.mma, 2u);
+  EXPECT_EQ(c.global_read - before.global_read, 1024u);
+  EXPECT_EQ(c.global_written - before.global_written, 1024u);
+  EXPECT_EQ(c.shared_written - before.shared_written, 1024u);
+  EXPECT_EQ(c.shared_read - before.shared_read, 1024u);
+#else
+  GTEST_SKIP() << "the counters see kernel accesses only in a GCC build";
+#endif
 }
 
 TEST(EmulatedPtx, CpAsyncLandsAtTheWaitOfItsGroup) {
