@@ -58,14 +58,10 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int j = 0; j < tiles; ++j) {
     const int k0 = j * kTile, buf = j % 2;
-    if (j + 1 < tiles) {  // the next tile into the other buffer, freed at the last barrier
+    land_current(j + 1 < tiles, [&] {
       fetch_tile<D>(k + (1 - buf) * kElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
       fetch_tile<D>(v + (1 - buf) * kElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
-    }
+    });
     __syncthreads();  // every thread's copies of tile j (and of q) have landed
     if (j == 0) load_a<D>(qf, q + 16 * warp * Smem<D>::kLd);
     float s[kBlocks][4] = {};

@@ -110,6 +110,21 @@ __device__ void fetch_tile(bf16* tile, const bf16* src, std::size_t ld, int row0
   }
 }
 
+// Double buffering: starts fetch_next() (the next step's cp.async fetches into the other
+// buffer, freed at the last step's closing barrier) when there is a next step, then waits
+// until only those are in flight: the current step's tiles have landed for this thread
+// (the caller's barrier follows, for everyone's).
+template <typename F>
+__device__ void land_current(bool has_next, F&& fetch_next) {
+  if (has_next) {
+    fetch_next();
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+  } else {
+    ptx::cp_async_wait<0>();
+  }
+}
+
 // The A fragments of the warp's 16 rows of a tile (a: its first row), D/16 k-steps.
 template <int D>
 __device__ void load_a(std::uint32_t (&af)[D / 16][4], const bf16* a) {

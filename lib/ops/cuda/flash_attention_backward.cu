@@ -109,14 +109,10 @@ __global__ void __launch_bounds__(kThreads)
   float acc[D / 8][4] = {};
   for (int j = 0; j < tiles; ++j) {
     const int k0 = j * kTile, buf = j % 2;
-    if (j + 1 < tiles) {
+    land_current(j + 1 < tiles, [&] {
       fetch_tile<D>(k + (1 - buf) * kElems, keys, at.kv.ld, k0 + kTile, at.kv.len, vec);
       fetch_tile<D>(v + (1 - buf) * kElems, values, at.kv.ld, k0 + kTile, at.kv.len, vec);
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
-    }
+    });
     __syncthreads();  // tile j (and q, dO) landed for every thread
     const bf16* kt = k + buf * kElems;
     float s[kBlocks][4] = {}, dp[kBlocks][4] = {};
@@ -174,13 +170,7 @@ __global__ void __launch_bounds__(kThreads)
     const std::size_t head_rows = (static_cast<std::size_t>(b) * at.NH + h) * q_len;
     float* lse2 = rows + buf * 2 * kTile;  // its last readers passed two barriers since
     stage_rows(lse2, lse2 + kTile, lse + head_rows, dot + head_rows, q0, q_len);
-    if (i + 1 < steps) {
-      fetch_step(i + 1, 1 - buf);
-      ptx::cp_async_commit();
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
-    }
+    land_current(i + 1 < steps, [&] { fetch_step(i + 1, 1 - buf); });
     __syncthreads();  // step i's q and dO (and k, v) landed for every thread
     const bf16* qt = q + buf * kElems;
     const bf16* dOt = dO + buf * kElems;

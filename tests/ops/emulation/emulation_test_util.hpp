@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,17 @@
 namespace pptrain::emulation_test {
 
 using bf16 = __nv_bfloat16;
+
+// Runs f and returns the message of the exception it throws ("" when none).
+template <typename F>
+std::string thrown(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The schedule order of this thread's emulated launches while in scope.
 class ScopedOrder {

@@ -17,17 +17,6 @@ namespace {
 
 namespace st = emulator_selftest;
 
-// Runs f and returns the message of the exception it throws ("" when none).
-template <typename F>
-std::string thrown(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 int count_nan(const std::vector<float>& v) {
   int n = 0;
   for (float x : v) n += std::isnan(x);

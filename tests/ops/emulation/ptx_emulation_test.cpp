@@ -18,16 +18,6 @@ namespace {
 
 namespace pt = emulator_ptx_test;
 
-template <typename F>
-std::string thrown(F f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // c[i][j] + sum_k a[i][k] b[k][j], in double (exact for bf16 products of a few terms).
 double product(const std::vector<float>& a, const std::vector<float>& b, int n, int i, int j) {
   double s = 0.0;
