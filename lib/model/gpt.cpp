@@ -142,20 +142,16 @@ void GptModel::mlp_weight_grads(int l, const LayerView& v, const ops::Act* ln2) 
   const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
   const auto g = layer_grads(l);
   const ops::Act* dout = tp_.gathered(v.dout, v.dout_gathered);
-  ops_.linear_weight_grad(g.fcproj_w, v.fch_gelu, dout, N, 4 * Cl, C);
-  ops_.bias_backward(g.fcproj_b, dout, N, C);
-  ops_.linear_weight_grad(g.fc_w, ln2, v.dfch, N, C, 4 * Cl);
-  ops_.bias_backward(g.fc_b, v.dfch, N, 4 * Cl);
+  ops_.linear_grads(g.fcproj_w, g.fcproj_b, v.fch_gelu, dout, N, 4 * Cl, C);
+  ops_.linear_grads(g.fc_w, g.fc_b, ln2, v.dfch, N, C, 4 * Cl);
 }
 
 void GptModel::attention_weight_grads(int l, const LayerView& v, const ops::Act* ln1) {
   const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
   const auto g = layer_grads(l);
   const ops::Act* dres2 = tp_.gathered(v.dres2, v.dres2_gathered);
-  ops_.linear_weight_grad(g.proj_w, v.atty, dres2, N, Cl, C);
-  ops_.bias_backward(g.proj_b, dres2, N, C);
-  ops_.linear_weight_grad(g.qkv_w, ln1, v.dqkv, N, C, 3 * Cl);
-  ops_.bias_backward(g.qkv_b, v.dqkv, N, 3 * Cl);
+  ops_.linear_grads(g.proj_w, g.proj_b, v.atty, dres2, N, Cl, C);
+  ops_.linear_grads(g.qkv_w, g.qkv_b, ln1, v.dqkv, N, C, 3 * Cl);
 }
 
 void GptModel::norm_weight_grads(int l, const LayerView& v) {

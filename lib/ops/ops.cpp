@@ -50,6 +50,12 @@ void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const 
   if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, std::size_t(N) * std::size_t(Cin));
 }
 
+void Ops::linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N, int Cin,
+                       int Cout) {
+  linear_weight_grad(dw, inp, dout, N, Cin, Cout);
+  if (dbias) bias_backward(dbias, dout, N, Cout);
+}
+
 void Ops::ring_attention_forward_step(Act*, void*, SeqPiece, SeqPiece, int, int, int, int, bool) {
   throw std::logic_error(name() + " has no ring attention (context parallelism)");
 }

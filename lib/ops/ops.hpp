@@ -194,6 +194,11 @@ class Ops {
   // Weight gradient of a linear layer: dw[Cin,Cout] += inp[N,Cin]^T @ dout[N,Cout], fp32.
   virtual void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
                                   int Cout) = 0;
+  // Weight and bias gradients of a linear layer: linear_weight_grad, then, when dbias is
+  // not null, dbias[c] += sum_n dout[n,c]. Backends take the bias sum from the product
+  // where they can.
+  virtual void linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N,
+                            int Cin, int Cout);
   // out[n,c] += bias[c] for n < N.
   virtual void add_bias(Act* out, const Act* bias, int N, int C) = 0;
   // dbias[c] += sum_n dout[n,c].

@@ -53,9 +53,11 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
 
 // What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
 // and one scratch block as large as the largest any of the model's kernels asks for: the
-// bias and norm weight-gradient column sums, or attention's (context parallelism's ring
-// steps instead: the fused backward's row dots of a piece, none for the loop kernels).
-// T: the positions a rank holds.
+// bias gradients the weight-gradient products write apart, the norm weight-gradient
+// column sums, or attention's (context parallelism's ring steps instead: the fused
+// backward's row dots of a piece, none for the loop kernels). A product cuBLASLt cannot
+// fuse with its bias gradient sums the columns itself, in chunks (its warning says so),
+// and asks for more. T: the positions a rank holds.
 double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
   const ModelConfig& m = c.model;
   const int tp = c.parallel.tp, B = c.parallel.micro_batch_size;
@@ -63,9 +65,9 @@ double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
   const int T = split.local_len(), N = B * T;
   const int rows_held = c.parallel.sequence_parallel ? N / tp : N;
   const int C = m.d_model, heads = m.n_head / tp, hs = m.d_model / m.n_head;
-  // GPT-2: bias sums (widest: c_fc's 4C/t) and LayerNorm's two sums; llama: RMSNorm's one.
+  // GPT-2: bias gradients (widest: c_fc's 4C/t) and LayerNorm's two sums; llama: RMSNorm's one.
   const bool gpt = m.arch == Arch::Gpt2;
-  std::size_t bias_sums = gpt ? ops::cuda_column_sum_floats(N, std::max(C, 4 * C / tp)) : 0;
+  std::size_t bias_sums = gpt ? std::size_t(std::max(C, 4 * C / tp)) : 0;
   if (gpt && split.cp > 1)  // a piece's position-table gradient: B rows of len * C
     bias_sums = std::max(bias_sums, ops::cuda_column_sum_floats(B, split.piece_len() * C));
   std::size_t scratch = 4 * std::max(bias_sums, (gpt ? 2 : 1) * ops::cuda_column_sum_floats(rows_held, C));

@@ -264,6 +264,15 @@ std::vector<OpCase> make_cases() {
                  r.ops.linear_weight_grad(dw, r.act(r.randn(N * Cin, 1)),
                                           r.act(r.randn(N * Cout, 2)), N, Cin, Cout);
                }});
+  // Weight and bias gradients together (the CUDA backend's BGRAD epilogue), and without bias.
+  for (bool bias : {true, false})
+    t.push_back({std::string("linear_grads") + (bias ? "" : "_no_bias"), [=](OpRun& r) {
+                   const int N = 74, Cin = 48, Cout = 101;
+                   float* dw = r.f32_inout("dw", randn(Cin * Cout, 3), kSum);
+                   float* db = bias ? r.f32_inout("dbias", randn(Cout, 4), kSum) : nullptr;
+                   r.ops.linear_grads(dw, db, r.act(r.randn(N * Cin, 1)),
+                                      r.act(r.randn(N * Cout, 2)), N, Cin, Cout);
+                 }});
   t.push_back({"add_bias", [](OpRun& r) {
                  const int N = 74, C = 101;
                  r.ops.add_bias(r.act_inout("out", r.randn(N * C, 1), kAct), r.act(r.randn(C, 2)),

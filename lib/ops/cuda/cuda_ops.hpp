@@ -97,6 +97,8 @@ class CudaOps final : public Ops {
                              int Cin, int Cout) override;
   void linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
                           int Cout) override;
+  void linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N, int Cin,
+                    int Cout) override;
   void add_bias(Act* out, const Act* bias, int N, int C) override;
   void bias_backward(float* dbias, const Act* dout, int N, int C) override;
 

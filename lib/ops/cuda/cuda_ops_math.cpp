@@ -91,18 +91,42 @@ void CudaOps::linear_backward_input(Act* dinp, const Act* dout, const Act* w,
   Ops::linear_backward_input(dinp, dout, w, gelu_inp, N, Cin, Cout);
 }
 
+namespace {
+// dw[Cin,Cout] += inp^T @ dout: compute-dtype inputs, fp32 C and D, beta 1.
+cuda::GemmProblem weight_grad_problem(DType compute, int N, int Cin, int Cout) {
+  cuda::GemmProblem p;
+  p.trans_a = true;
+  p.M = Cin, p.N = Cout, p.K = N;
+  p.ab = compute;
+  p.cd = DType::F32;
+  p.accumulate = true;
+  return p;
+}
+}  // namespace
+
 void CudaOps::linear_weight_grad(float* dw, const Act* inp, const Act* dout, int N, int Cin,
                                  int Cout) {
   PPTRAIN_CHECK(N >= 0 && Cin > 0 && Cout > 0, "linear_weight_grad: bad sizes");
   if (N == 0) return;
-  // dw[Cin,Cout] += inp^T @ dout: compute-dtype inputs, fp32 C and D, beta 1.
-  cuda::GemmProblem p;
-  p.trans_a = true;
-  p.M = Cin, p.N = Cout, p.K = N;
-  p.ab = dtype_;
-  p.cd = DType::F32;
-  p.accumulate = true;
-  gemm_.run(p, 1.0f, {inp, dout, dw}, 1.0f, stream());
+  gemm_.run(weight_grad_problem(dtype_, N, Cin, Cout), 1.0f, {inp, dout, dw}, 1.0f, stream());
+}
+
+void CudaOps::linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N,
+                           int Cin, int Cout) {
+  PPTRAIN_CHECK(N >= 0 && Cin > 0 && Cout > 0, "linear_grads: bad sizes");
+  if (N == 0) return;
+  // The product's BGRAD epilogue sums dout's columns as it reads them; it writes the sums
+  // (cuBLASLt does not accumulate them), so they go to scratch and are added to dbias.
+  if (fuse_epilogues_ && dbias != nullptr) {
+    cuda::GemmProblem p = weight_grad_problem(dtype_, N, Cin, Cout);
+    p.epilogue = cuda::Epilogue::kBGrad;
+    auto* sums = static_cast<float*>(workspace(std::size_t(Cout) * sizeof(float)));
+    if (gemm_.try_run(p, 1.0f, {inp, dout, dw, sums}, 1.0f, stream())) {
+      cuda::add_column_sums(dbias, sums, 1, Cout, stream());
+      return;
+    }
+  }
+  Ops::linear_grads(dw, dbias, inp, dout, N, Cin, Cout);
 }
 
 void CudaOps::add_bias(Act* out, const Act* bias, int N, int C) {

@@ -185,7 +185,14 @@ void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cu
   PPTRAIN_CHECK(chunks <= 65535, "bias_backward: too many rows");
   bias_partial_kernel<T><<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(scratch, dout, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
-  column_sum_finish<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dbias, scratch, chunks, C);
+  add_column_sums(dbias, scratch, chunks, C, s);
+}
+
+void add_column_sums(float* out, const float* part, int chunks, int C, cudaStream_t s) {
+  PPTRAIN_CHECK(chunks >= 0 && C >= 0, "add_column_sums: negative size");
+  if (chunks == 0 || C == 0) return;
+  PPTRAIN_CHECK(out && part, "add_column_sums: null pointer");
+  column_sum_finish<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(out, part, chunks, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,7 +5,8 @@
 // C = op(A) op(B) we ask cuBLASLt for the column-major product C^T = op(B)^T op(A)^T:
 // cuBLASLt's first operand is our B, its second our A, its m is our N and its n our M.
 // A bias over our columns is then a bias over cuBLASLt's rows, which is what its bias
-// epilogue broadcasts.
+// epilogue broadcasts; and the sum over K of our B is the sum over K of cuBLASLt's A,
+// whose length is D's rows: the BGRADA epilogue.
 #include "ops/cuda/gemm.hpp"
 
 #include <spdlog/spdlog.h>
@@ -60,6 +61,8 @@ const char* epilogue_name(Epilogue e) {
       return "bias+gelu";
     case Epilogue::kDGelu:
       return "dgelu";
+    case Epilogue::kBGrad:
+      return "bgrad";
   }
   return "?";
 }
@@ -72,12 +75,17 @@ cublasLtEpilogue_t cublaslt_epilogue(Epilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::kDGelu:
       return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::kBGrad:
+      return CUBLASLT_EPILOGUE_BGRADA;
     case Epilogue::kNone:
       break;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
-bool has_bias(Epilogue e) { return e == Epilogue::kBias || e == Epilogue::kGeluAuxBias; }
+// The epilogues that read or (kBGrad) write the bias pointer.
+bool has_bias(Epilogue e) {
+  return e == Epilogue::kBias || e == Epilogue::kGeluAuxBias || e == Epilogue::kBGrad;
+}
 bool has_aux(Epilogue e) { return e == Epilogue::kGeluAuxBias || e == Epilogue::kDGelu; }
 
 }  // namespace
@@ -190,6 +198,8 @@ bool Gemm::try_run(const GemmProblem& p, float alpha, const GemmOperands& x, flo
   if (p.epilogue != Epilogue::kNone) {
     PPTRAIN_CHECK(p.batch == 1, "gemm: epilogues need batch 1");
     PPTRAIN_CHECK(!has_bias(p.epilogue) || x.bias, "gemm: a bias epilogue needs a bias");
+    PPTRAIN_CHECK(p.epilogue != Epilogue::kBGrad || p.cd == DType::F32,
+                  "gemm: bias gradients are fp32 (D's type)");
     PPTRAIN_CHECK(!has_aux(p.epilogue) || (x.aux && !p.accumulate),
                   "gemm: GELU epilogues need aux and beta 0");
   }

@@ -1,5 +1,6 @@
 // Matrix products through cuBLASLt for row-major arrays: plain, strided batched, with a
-// fused bias or bias+GELU epilogue, and mixed bf16-in/fp32-out for weight gradients.
+// fused bias, bias+GELU or GELU-gradient epilogue, and mixed bf16-in/fp32-out for weight
+// gradients, which may also sum their output gradient's columns (the bias gradient).
 // Every distinct problem (shape, transposes, batch, dtypes, epilogue, pointer
 // alignments) gets one plan: the matmul descriptor, four layout descriptors and the
 // heuristic's algorithm, built on first use and reused by every later call. Compute
@@ -27,6 +28,7 @@ enum class Epilogue : uint8_t {
   kBias,         // D = alpha * op(A) op(B) + beta * C + bias (bias[N], broadcast over rows)
   kGeluAuxBias,  // aux = op(A) op(B) + bias; D = gelu(aux) (tanh form); beta must be 0
   kDGelu,        // D = alpha * op(A) op(B) * gelu'(aux) (aux: the GELU's input); beta 0
+  kBGrad,        // as kNone, and bias[N] = sum over K of op(B) (written, D's type)
 };
 
 // One product in row-major terms: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
@@ -54,7 +56,7 @@ struct GemmOperands {
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
-  const void* bias = nullptr;  // kBias, kGeluAuxBias: [N] of dtype cd
+  const void* bias = nullptr;  // kBias, kGeluAuxBias: [N] of dtype cd; kBGrad: written
   // kGeluAuxBias (written) and kDGelu (read): [M,N] of dtype cd, the GELU's input.
   const void* aux = nullptr;
   void* d = nullptr;

@@ -29,6 +29,9 @@ void copy_columns(T* dst, int dst_width, int dst_col, const T* src, int src_widt
 template <typename T>
 void bias_backward(float* dbias, const T* dout, int N, int C, float* scratch, cudaStream_t s);
 std::size_t bias_backward_scratch_floats(int N, int C);
+// out[c] += sum over k < chunks of part[k * C + c], in order (the second pass of the
+// column sums; with one chunk, a bias gradient a product wrote apart added to out).
+void add_column_sums(float* out, const float* part, int chunks, int C, cudaStream_t s);
 template <typename T> void gelu_forward(T* out, const T* inp, std::size_t n, cudaStream_t s);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n, cudaStream_t s);

@@ -4,7 +4,9 @@
 // the rows and cols of D and C is not read when beta is 0; batches repeat at
 // STRIDED_BATCH_OFFSET elements. Epilogues: BIAS adds bias[row] (length = rows of D,
 // same type as D unless set), GELU applies the tanh form, *_AUX stores the value before
-// GELU (after the bias) at AUX_LD (a multiple of 8, at least the rows of D). Sums are in
+// GELU (after the bias) at AUX_LD (a multiple of 8, at least the rows of D); BGRADA writes
+// to the bias pointer the sums of op(A) over k (length = rows of D, D's type unless set),
+// unscaled, single products only (BGRADB, op(B)'s, is not used and not emulated). Sums are in
 // fp64, results round once to the stored type. Checked, as cuBLASLt would refuse them:
 // attribute sizes, layout shapes against the transposes and each other, batch counts,
 // type combinations; the algorithm must come from the heuristic for the same shapes,
@@ -38,6 +40,9 @@ bool has_gelu(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_
 bool writes_aux(uint32_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 bool is_dgelu(uint32_t e) { return e == CUBLASLT_EPILOGUE_DGELU; }
 bool has_aux(uint32_t e) { return writes_aux(e) || is_dgelu(e); }
+bool is_bgrad(uint32_t e) { return e == CUBLASLT_EPILOGUE_BGRADA; }
+// The epilogues that use the bias pointer: read, or written by BGRADA.
+bool uses_bias(uint32_t e) { return has_bias(e) || is_bgrad(e); }
 std::size_t type_size(int32_t t) { return t == CUDA_R_32F ? 4 : 2; }
 bool real_type(int32_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
 
@@ -70,9 +75,11 @@ cublasStatus_t check(const MatmulDesc& d, const MatrixLayout& A, const MatrixLay
       (A.type == CUDA_R_32F && D.type != CUDA_R_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const uint32_t e = d.epilogue;
-  if (e != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(e) && !has_gelu(e) && !is_dgelu(e))
+  if (e != CUBLASLT_EPILOGUE_DEFAULT && !has_bias(e) && !has_gelu(e) && !is_dgelu(e) &&
+      !is_bgrad(e))
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (has_bias(e) && d.bias_type != -1 && !real_type(d.bias_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (uses_bias(e) && d.bias_type != -1 && !real_type(d.bias_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (is_bgrad(e) && s.batch > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (has_aux(e)) {
     if (d.aux_type != -1 && !real_type(d.aux_type)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (d.aux_ld < int64_t(s.m) || d.aux_ld % 8 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -140,6 +147,8 @@ void note_accesses(const Product& p) {
   if (has_bias(e))
     read += note_matrix(desc.bias, p.s.m, 1, int64_t(p.s.m), n, desc.bias_batch_stride,
                         type_size(p.bias_type), false);
+  if (is_bgrad(e))
+    written += note_matrix(desc.bias, p.s.m, 1, int64_t(p.s.m), 1, 0, type_size(p.bias_type), true);
   if (has_aux(e))
     (writes_aux(e) ? written : read) +=
         note_matrix(desc.aux, p.s.m, p.s.n, desc.aux_ld, n, desc.aux_batch_stride,
@@ -155,6 +164,16 @@ void compute(const Product& p) {
   const MatrixLayout &a = p.a, &b = p.b, &c = p.c, &d = p.d;
   const uint32_t e = desc.epilogue;
   const bool ta = desc.trans_a == CUBLAS_OP_T, tb = desc.trans_b == CUBLAS_OP_T;
+  if (is_bgrad(e)) {  // one product (check): op(A)'s sums over k, before D may overwrite A
+    std::vector<float> sums(p.s.m);
+    for (uint64_t i = 0; i < p.s.m; ++i) {
+      double acc = 0.0;
+      for (uint64_t k = 0; k < p.s.k; ++k)
+        acc += load(p.A, a.type, ta ? k + i * a.ld : i + k * a.ld);
+      sums[i] = float(acc);
+    }
+    for (uint64_t i = 0; i < p.s.m; ++i) store(const_cast<void*>(desc.bias), p.bias_type, i, sums[i]);
+  }
   for (int32_t batch = 0; batch < p.s.batch; ++batch) {
     const std::size_t oa = std::size_t(batch) * a.stride, ob = std::size_t(batch) * b.stride,
                       oc = std::size_t(batch) * c.stride, od = std::size_t(batch) * d.stride;
@@ -241,7 +260,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   const float alpha = *static_cast<const float*>(alpha_p);
   const float beta = *static_cast<const float*>(beta_p);
   const uint32_t e = desc->epilogue;
-  if ((has_bias(e) && desc->bias == nullptr) || (has_aux(e) && desc->aux == nullptr) ||
+  if ((uses_bias(e) && desc->bias == nullptr) || (has_aux(e) && desc->aux == nullptr) ||
       A == nullptr || B == nullptr || D == nullptr || (beta != 0.0f && C == nullptr))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (C == D && (c->ld != d->ld || c->type != d->type || c->stride != d->stride))
@@ -257,6 +276,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
       !inside(D, extent(d->rows, d->cols, d->ld, s.batch, d->stride, type_size(d->type))) ||
       (has_bias(e) && !inside(desc->bias, extent(s.m, 1, int64_t(s.m), s.batch,
                                                  desc->bias_batch_stride, type_size(bias_type)))) ||
+      (is_bgrad(e) && !inside(desc->bias, s.m * type_size(bias_type))) ||
       (has_aux(e) && !inside(desc->aux, extent(s.m, s.n, desc->aux_ld, s.batch,
                                                desc->aux_batch_stride, type_size(aux_type)))))
     return CUBLAS_STATUS_EXECUTION_FAILED;
