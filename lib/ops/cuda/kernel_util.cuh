@@ -135,14 +135,31 @@ __device__ inline float block_max(float x, float* shared) {
 inline constexpr int kColumnSumRows = kCudaColumnSumRows;  // ops.hpp: the plan counts it
 inline int column_sum_chunks(int N) { return (N + kColumnSumRows - 1) / kColumnSumRows; }
 
-// out[c] += sum over chunks k of part[k * C + c].
-static __global__ void column_sum_finish(float* __restrict__ out, const float* __restrict__ part,
-                                         int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+// out[c] += sum over chunks k of part[k * C + c], in order.
+__device__ __forceinline__ void add_chunk_sums(float* __restrict__ out,
+                                               const float* __restrict__ part, int chunks, int C,
+                                               int c) {
   float acc = 0.0f;
   for (int k = 0; k < chunks; ++k) acc += part[static_cast<std::size_t>(k) * C + c];
   out[c] += acc;
+}
+
+// The column sums' second pass: a thread per column.
+static __global__ void column_sum_finish(float* __restrict__ out, const float* __restrict__ part,
+                                         int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < C) add_chunk_sums(out, part, chunks, C, c);
+}
+
+// Two such sums in one launch: blockIdx.y 0 finishes (out0, part0), 1 (out1, part1).
+static __global__ void column_sum_finish_pair(float* out0, const float* part0, float* out1,
+                                              const float* part1, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  if (blockIdx.y == 0)
+    add_chunk_sums(out0, part0, chunks, C, c);
+  else
+    add_chunk_sums(out1, part1, chunks, C, c);
 }
 
 }  // namespace pptrain::ops::cuda

@@ -198,10 +198,8 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
   layernorm_weight_partial_kernel<T><<<dim3((C + 31) / 32, chunks), dim3(32, 8), 0, s>>>(
       part_w, part_b, dout, inp, mean, rstd, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
-  const unsigned grid = (C + kThreads - 1) / kThreads;
-  column_sum_finish<<<grid, kThreads, 0, s>>>(dw, part_w, chunks, C);
-  PPTRAIN_CUDA_CHECK_LAUNCH();
-  column_sum_finish<<<grid, kThreads, 0, s>>>(db, part_b, chunks, C);
+  column_sum_finish_pair<<<dim3((C + kThreads - 1) / kThreads, 2), kThreads, 0, s>>>(
+      dw, part_w, db, part_b, chunks, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
