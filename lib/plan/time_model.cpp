@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "plan/kernel_traffic.hpp"
+
 #include "model/param_layout.hpp"
 #include "optim/adamw.hpp"
 #include "pipeline/executor.hpp"
@@ -39,6 +41,7 @@ struct Shape {
   // N = B * Tl the tokens it holds; rows: N, or N/t under SP.
   double B, T, Tl, cp, C, heads, t, V, N, rows, e;
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
+  double kv_heads, hs;
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
   // tp collectives run beside the GEMMs (GPUs, parallel.overlap, tp > 1); B and W run
@@ -52,6 +55,28 @@ double memory_seconds(const Shape& s, double bytes, int kernels) {
   return bytes / (s.dev->hbm_gbps * 1e9 * s.dev->memory_efficiency) +
          kernels * s.dev->launch_us * 1e-6;
 }
+
+// Seconds of kernels that move `t`'s bytes and run its tensor-core instructions (at the
+// efficiency a product whose smallest dimension is `dim` reaches), plus their launches.
+double kernel_seconds(const Shape& s, const Traffic& t, double dim) {
+  const DeviceSpec& d = *s.dev;
+  const double eff = d.gemm_efficiency * dim / (dim + d.gemm_half_dim);
+  const double compute = t.mma * 4096 / (d.peak_tflops * 1e12 * eff);
+  const double memory = t.bytes() / (d.hbm_gbps * 1e9 * d.memory_efficiency);
+  return std::max(compute, memory) + t.launches * d.launch_us * 1e-6;
+}
+
+// What the CUDA kernels of one layer move and compute on this rank (kernel_traffic.hpp).
+LayerTraffic gpu_layer_traffic(const Shape& s) {
+  LayerShape l;
+  l.B = s.B, l.T = s.Tl, l.C = s.C, l.heads = s.heads, l.kv_heads = s.kv_heads, l.hs = s.hs;
+  l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e;
+  return layer_traffic(l);
+}
+
+// On a GPU with the fused kernels and the whole sequence, the attention kernels' own
+// traffic and tensor-core work (the causal tile pairs); else a roofline of batched GEMMs.
+bool counted_attention(const Shape& s) { return !s.dev->cpu && s.fused_attention && s.cp == 1; }
 
 // The attention core on this rank's Tl queries against Tl keys: q k^T and (softmax) v
 // per head, as batched GEMMs, and the softmax.
@@ -73,6 +98,7 @@ double ring_block_seconds(const Shape& s) {
 // ring's cp steps, each after the first waiting for the larger of its block's attention
 // and the next block's transfer (RingAttention::forward).
 double attention_forward(const Shape& s) {
+  if (counted_attention(s)) return kernel_seconds(s, gpu_layer_traffic(s).forward.attention, s.hs);
   const double block = attention_block(s);
   if (s.cp == 1) return block;
   return block + (s.cp - 1) * std::max(block, ring_block_seconds(s));
@@ -83,6 +109,8 @@ double attention_forward(const Shape& s) {
 // (RingAttention::backward): the next block (not after the last step) and the held
 // block's gradient (not at the first); the last gradient, to its owner, is exposed.
 double attention_backward(const Shape& s) {
+  if (counted_attention(s))
+    return kernel_seconds(s, gpu_layer_traffic(s).backward_input.attention, s.hs);
   const double work = 2 * attention_block(s);
   if (s.cp == 1) return work;
   const double hop = ring_block_seconds(s);
@@ -135,13 +163,26 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const DeviceSpec& d = *s.dev;
   const double N = s.N, C = s.C, Cl = s.C / s.t, e = s.e;
   const double Ql = s.qkv / s.t, Fl = s.ffn / s.t, Gl = (s.gated ? 2 : 1) * Fl;
-  // Norms, residual adds and biases on the held rows; the MLP's activation on N x Gl.
-  const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
-  const double gelu = 2 * N * Gl * e;
+  // The kernels besides the products and attention: on a GPU what the CUDA kernels move
+  // (norms, activations, rope, bias gradients); on CPU ranks norms, residual adds and
+  // biases on the held rows and the MLP's activation on N x Gl.
+  double others[3];
+  if (s.dev->cpu) {
+    const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
+    const double gelu = 2 * N * Gl * e;
+    others[0] = memory_seconds(s, rowwise + gelu, 10);
+    others[1] = memory_seconds(s, 2 * (rowwise + gelu), 12);
+    others[2] = memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8);
+  } else {
+    const LayerTraffic t = gpu_layer_traffic(s);
+    int k = 0;
+    for (const PassTraffic* pass : {&t.forward, &t.backward_input, &t.backward_weight})
+      others[k++] = kernel_seconds(s, pass->kernels, 1);
+  }
   const double attention = attention_forward(s);
   StageCosts c{0, 0, 0, 0};
   c.forward = gathered_gemm(s, Ql, C) + summed_gemm(s, Cl) + gathered_gemm(s, Gl, C) + summed_gemm(s, Fl) +
-              attention + memory_seconds(s, rowwise + gelu, 10);
+              attention + others[0];
   const double refwd = recompute == Recompute::Full       ? c.forward
                        : recompute == Recompute::Selective ? attention
                                                            : 0;
@@ -150,13 +191,12 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const double b_mlp = gemm_seconds(d, N, C, Gl, e);
   const double b_attention = attention_backward(s) + gemm_seconds(d, N, C, Ql, e);
   c.backward_input = refwd + gathered_gemm(s, Fl, C) + b_mlp + gathered_gemm(s, Cl, C) + b_attention +
-                     memory_seconds(s, 2 * (rowwise + gelu), 12) + tp_comm(s, 2, 0);
+                     others[1] + tp_comm(s, 2, 0);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
   const double w_attention = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e);
   const double w_mlp = gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e);
   const double gather = s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0;
-  c.backward_weight = w_attention + w_mlp + memory_seconds(s, 3 * N * C * e + 2 * s.rows * C * e, 8) +
-                      2 * gather;
+  c.backward_weight = w_attention + w_mlp + others[2] + 2 * gather;
   if (s.tp_beside && s.weights_follow_input) {
     // Each half's norm output is gathered again under the rest of its input gradient,
     // and its input-gradient sum hides under its weight-gradient GEMMs.
@@ -222,6 +262,8 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.C = m.d_model;
   s.heads = m.n_head;
   s.qkv = m.d_model + 2.0 * kv_heads(m) * head_size(m);
+  s.kv_heads = kv_heads(m);
+  s.hs = head_size(m);
   s.ffn = ffn_width(m);
   s.gated = m.arch == Arch::Llama;
   s.t = p.tp;

@@ -24,6 +24,24 @@ namespace pptrain_emu::detail {
 std::string site(const std::source_location& w) {
   return std::string(w.file_name()) + ":" + std::to_string(w.line());
 }
+// The unqualified name of the function around a launch (its launcher, an Ops method's
+// kernel-side half): "layernorm_forward" from "void pptrain::...::layernorm_forward(T*, ...)
+// [with T = ...]".
+std::string launcher(const std::source_location& w) {
+  std::string head;  // up to the parameter list, without template arguments
+  int depth = 0;
+  for (const char ch : std::string(w.function_name())) {
+    if (ch == '(' && depth == 0) break;
+    if (ch == '<') ++depth;
+    if (depth == 0) head += ch;
+    if (ch == '>') --depth;
+  }
+  const std::size_t colon = head.rfind("::"), space = head.rfind(' ');
+  const std::size_t from = colon != std::string::npos ? colon + 2
+                           : space != std::string::npos ? space + 1
+                                                        : 0;
+  return head.substr(from);
+}
 bool same_site(const std::source_location& a, const std::source_location& b) {
   return a.line() == b.line() && a.column() == b.column() &&
          std::strcmp(a.file_name(), b.file_name()) == 0;
@@ -73,7 +91,7 @@ Launch::Launch(const LaunchConfig& c, KernelBody body, ScheduleOrder order, Stac
     const auto p = reinterpret_cast<std::uintptr_t>(v.data());
     return counters::Range{p, p + v.size()};
   };
-  counters::begin_kernel(site(c.where), range(dynamic_), range(static_));
+  counters::begin_kernel(site(c.where) + " " + launcher(c.where), range(dynamic_), range(static_));
 }
 
 Launch::~Launch() {

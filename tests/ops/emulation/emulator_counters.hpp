@@ -25,8 +25,9 @@ struct Counts {
 // The whole process's counts so far.
 Counts totals();
 
-// The runtime's calls: a launch from `site` runs its blocks between begin and end, on this
-// thread, with its shared memory in the two ranges [lo, hi) given (dynamic and static).
+// The runtime's calls: a launch from `site` ("file:line launcher": the function around
+// the launch) runs its blocks between begin and end, on this thread, with its shared
+// memory in the two ranges [lo, hi) given (dynamic and static).
 struct Range {
   std::uintptr_t lo = 0, hi = 0;
 };

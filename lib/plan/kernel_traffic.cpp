@@ -1,0 +1,181 @@
+// The CUDA kernels' traffic (see kernel_traffic.hpp), read off their code: a warp-per-row
+// kernel whose lanes all read a row's statistic reads it 32 times; a column sum's thread
+// reads each row's statistics once per column.
+#include "plan/kernel_traffic.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pptrain {
+
+namespace {
+constexpr double kTile = 64;        // flash attention's query and key tiles
+constexpr double kSumRows = 64;     // rows per chunk of a column sum (ops.hpp)
+constexpr double kWarp = 32;
+constexpr double kMmaFlops = 4096;  // m16n8k16: 2 * 16 * 8 * 16
+double chunks(double rows) { return std::ceil(rows / kSumRows); }
+
+Traffic kernel(double read, double written, double rmw = 0) {
+  Traffic t;
+  t.launches = 1, t.read = read, t.written = written, t.rmw = rmw;
+  return t;
+}
+
+// The second pass of `sums` column sums of width C over R rows: the chunks and the
+// gradients read, the gradients written where they were read.
+Traffic finish_column_sums(double sums, double R, double C) {
+  const double grads = sums * C * 4;
+  return kernel(sums * chunks(R) * C * 4 + grads, grads, grads);
+}
+
+// The causal tile pairs of one head, and the rows of the other side they read: a query
+// tile i meets key tiles 0..i (min(64 (i + 1), T) key rows), a key tile j the query tiles
+// j.. (T - 64 j query rows).
+struct TilePairs {
+  double pairs = 0, key_rows = 0, query_rows = 0;
+};
+TilePairs tile_pairs(double T) {
+  TilePairs p;
+  const double tiles = std::ceil(T / kTile);
+  for (double i = 0; i < tiles; ++i) {
+    p.pairs += i + 1;
+    p.key_rows += std::min(kTile * (i + 1), T);
+    p.query_rows += T - kTile * i;
+  }
+  return p;
+}
+
+// out[R,C] += bias[C] (in place) and out = a + b over n elements: the unfused epilogue of
+// a row-parallel product under tensor parallelism.
+Traffic add_bias(double R, double C, double e) { return kernel(2 * R * C * e, R * C * e, R * C * e); }
+Traffic add(double n, double e) { return kernel(2 * n * e, n * e); }
+}  // namespace
+
+Traffic& Traffic::operator+=(const Traffic& o) {
+  launches += o.launches, read += o.read, written += o.written, rmw += o.rmw, mma += o.mma;
+  return *this;
+}
+Traffic operator+(Traffic a, const Traffic& b) { return a += b; }
+Traffic operator*(double k, Traffic a) {
+  a.launches *= k, a.read *= k, a.written *= k, a.rmw *= k, a.mma *= k;
+  return a;
+}
+
+// Forward: the row three times (mean, variance, output), w and b once a row; the output
+// and (lane 0) the mean and rstd written.
+Traffic layernorm_forward(double R, double C, double e) {
+  return kernel(5 * R * C * e, R * C * e + 8 * R);
+}
+// Input gradient: x, dout, w twice (the two sums, then the output), the residual's
+// gradient once, the mean and rstd by every lane.
+Traffic layernorm_backward_input(double R, double C, double e) {
+  return kernel(7 * R * C * e + kWarp * 8 * R, R * C * e);
+}
+// Weight gradient: dout and x once, the row's mean and rstd per element; two partial sums
+// a chunk; then both finished in one launch.
+Traffic layernorm_backward_weight(double R, double C, double e) {
+  return kernel(2 * R * C * e + 8 * R * C, 2 * chunks(R) * C * 4) + finish_column_sums(2, R, C);
+}
+Traffic rmsnorm_forward(double R, double C, double e) { return kernel(3 * R * C * e, R * C * e + 4 * R); }
+Traffic rmsnorm_backward_input(double R, double C, double e) {
+  return kernel(7 * R * C * e + kWarp * 4 * R, R * C * e);
+}
+Traffic rmsnorm_backward_weight(double R, double C, double e) {
+  return kernel(2 * R * C * e + 4 * R * C, chunks(R) * C * 4) + finish_column_sums(1, R, C);
+}
+Traffic swiglu_forward(double N, double F, double e) { return kernel(2 * N * F * e, N * F * e); }
+Traffic swiglu_backward(double N, double F, double e) { return kernel(3 * N * F * e, 2 * N * F * e); }
+Traffic rope(double N, double heads, double hs, double e) {
+  const double bytes = N * heads * hs * e;
+  return kernel(bytes, bytes, bytes);
+}
+Traffic add_column_sums(double C) { return finish_column_sums(1, 1, C); }
+
+// Q once, K and V for each key tile a query tile meets; the output and log-sum-exps
+// written. Per pair two 64 x 64 x hs products: 4 hs instructions.
+Traffic flash_attention_forward(double B, double H, double T, double hs, double e) {
+  const TilePairs p = tile_pairs(T);
+  const double heads = B * H;
+  Traffic t = kernel(heads * (T + 2 * p.key_rows) * hs * e, heads * (T * hs * e + 4 * T));
+  t.mma = heads * p.pairs * 4 * hs;
+  return t;
+}
+
+// The row dots (dO . O); the dQ kernel (Q, dO, the row statistics once, K and V per pair;
+// 3 products a pair); the dK/dV kernel, one block per key/value head's tile (K and V
+// once, Q, dO and the row statistics per pair; 4 products a pair).
+Traffic flash_attention_backward(double B, double H, double KV, double T, double hs, double e) {
+  const TilePairs p = tile_pairs(T);
+  const double heads = B * H, kv = B * KV;
+  Traffic dots = kernel(heads * 2 * T * hs * e, heads * 4 * T);
+  Traffic dq = kernel(heads * ((2 * T + 2 * p.key_rows) * hs * e + 8 * T), heads * T * hs * e);
+  dq.mma = heads * p.pairs * 6 * hs;
+  Traffic dkv = kernel(kv * 2 * T * hs * e + heads * p.query_rows * (2 * hs * e + 8),
+                       kv * 2 * T * hs * e);
+  dkv.mma = heads * p.pairs * 8 * hs;
+  return dots + dq + dkv;
+}
+
+Traffic product(double M, double N, double K, double a, double d, ProductEpilogue epi) {
+  Traffic t = kernel((M * K + K * N) * a, M * N * d);
+  if (epi.reads_c) t.read += M * N * d;
+  if (epi.bias) t.read += N * d;
+  if (epi.aux_read) t.read += M * N * d;
+  if (epi.aux_written) t.written += M * N * d;
+  if (epi.bias_grad) t.written += N * 4;
+  t.mma = M * N * K / (kMmaFlops / 2);
+  return t;
+}
+
+LayerTraffic layer_traffic(const LayerShape& s) {
+  const double N = s.B * s.T, R = s.sp ? N / s.t : N, e = s.e, C = s.C;
+  const double H = s.heads / s.t, KV = s.kv_heads / s.t, Cl = H * s.hs;
+  const double Ql = (s.heads + 2 * s.kv_heads) * s.hs / s.t, Fl = s.ffn / s.t;
+  const double Gl = s.llama ? 2 * Fl : Fl;  // the MLP's first product's width
+  const bool bias = !s.llama;
+  LayerTraffic L;
+  PassTraffic &f = L.forward, &b = L.backward_input, &w = L.backward_weight;
+  // A row-parallel product with its bias and residual: one product (beta 1) where
+  // nothing is summed over tp, else the product, then the bias and the residual added.
+  const auto row_parallel = [&](double K) {
+    if (s.t == 1) {
+      f.products += product(R, C, K, e, e, {.reads_c = true, .bias = bias});
+      return;
+    }
+    f.products += product(N, C, K, e, e);
+    if (bias) f.kernels += add_bias(R, C, e);
+    f.kernels += add(R * C, e);
+  };
+  const auto weight_grad = [&](double Cin, double Cout) {
+    w.products += product(Cin, Cout, N, e, 4, {.reads_c = true, .bias_grad = bias});
+    if (bias) w.kernels += add_column_sums(Cout);
+  };
+
+  f.products += product(N, Ql, C, e, e, {.bias = bias});
+  f.attention = flash_attention_forward(s.B, H, s.T, s.hs, e);
+  row_parallel(Cl);
+  f.products += product(N, Gl, C, e, e, {.bias = bias, .aux_written = bias});
+  row_parallel(Fl);
+  b.attention = flash_attention_backward(s.B, H, KV, s.T, s.hs, e);
+  // The MLP's and the attention's input gradients: GPT-2's GELU rides the first product
+  // (DGELU), llama's SwiGLU is a kernel of its own.
+  b.products += product(N, Fl, C, e, e, {.aux_read = bias}) + product(N, C, Gl, e, e) +
+                product(N, Cl, C, e, e) + product(N, C, Ql, e, e);
+  weight_grad(Fl, C);
+  weight_grad(C, Gl);
+  weight_grad(Cl, C);
+  weight_grad(C, Ql);
+  if (s.llama) {
+    f.kernels += 2 * rmsnorm_forward(R, C, e) + rope(N, H + KV, s.hs, e) + swiglu_forward(N, Fl, e);
+    b.kernels += 2 * rmsnorm_backward_input(R, C, e) + swiglu_backward(N, Fl, e) +
+                 rope(N, H + KV, s.hs, e);
+    w.kernels += 2 * rmsnorm_backward_weight(R, C, e);
+  } else {
+    f.kernels += 2 * layernorm_forward(R, C, e);
+    b.kernels += 2 * layernorm_backward_input(R, C, e);
+    w.kernels += 2 * layernorm_backward_weight(R, C, e);
+  }
+  return L;
+}
+
+}  // namespace pptrain
