@@ -15,17 +15,17 @@ constexpr double kWarp = 32;
 constexpr double kMmaFlops = 4096;  // m16n8k16: 2 * 16 * 8 * 16
 double chunks(double rows) { return std::ceil(rows / kSumRows); }
 
-Traffic kernel(double read, double written, double rmw = 0) {
+Traffic kernel(double read, double written) {
   Traffic t;
-  t.launches = 1, t.read = read, t.written = written, t.rmw = rmw;
+  t.launches = 1, t.read = read, t.written = written;
   return t;
 }
 
 // The second pass of `sums` column sums of width C over R rows: the chunks and the
-// gradients read, the gradients written where they were read.
+// gradients read, the gradients written.
 Traffic finish_column_sums(double sums, double R, double C) {
   const double grads = sums * C * 4;
-  return kernel(sums * chunks(R) * C * 4 + grads, grads, grads);
+  return kernel(sums * chunks(R) * C * 4 + grads, grads);
 }
 
 // The causal tile pairs of one head, and the rows of the other side they read: a query
@@ -47,17 +47,17 @@ TilePairs tile_pairs(double T) {
 
 // out[R,C] += bias[C] (in place) and out = a + b over n elements: the unfused epilogue of
 // a row-parallel product under tensor parallelism.
-Traffic add_bias(double R, double C, double e) { return kernel(2 * R * C * e, R * C * e, R * C * e); }
+Traffic add_bias(double R, double C, double e) { return kernel(2 * R * C * e, R * C * e); }
 Traffic add(double n, double e) { return kernel(2 * n * e, n * e); }
 }  // namespace
 
 Traffic& Traffic::operator+=(const Traffic& o) {
-  launches += o.launches, read += o.read, written += o.written, rmw += o.rmw, mma += o.mma;
+  launches += o.launches, read += o.read, written += o.written, mma += o.mma;
   return *this;
 }
 Traffic operator+(Traffic a, const Traffic& b) { return a += b; }
 Traffic operator*(double k, Traffic a) {
-  a.launches *= k, a.read *= k, a.written *= k, a.rmw *= k, a.mma *= k;
+  a.launches *= k, a.read *= k, a.written *= k, a.mma *= k;
   return a;
 }
 
@@ -87,7 +87,7 @@ Traffic swiglu_forward(double N, double F, double e) { return kernel(2 * N * F *
 Traffic swiglu_backward(double N, double F, double e) { return kernel(3 * N * F * e, 2 * N * F * e); }
 Traffic rope(double N, double heads, double hs, double e) {
   const double bytes = N * heads * hs * e;
-  return kernel(bytes, bytes, bytes);
+  return kernel(bytes, bytes);
 }
 Traffic add_column_sums(double C) { return finish_column_sums(1, 1, C); }
 

@@ -11,9 +11,6 @@ namespace pptrain {
 struct Traffic {
   double launches = 0;
   double read = 0, written = 0;  // bytes
-  // Bytes a kernel writes where it has just read (x += y in one statement): the emulator
-  // counts such a store as the read alone, so its counted writes are written - rmw.
-  double rmw = 0;
   double mma = 0;  // tensor-core m16n8k16 instructions (4,096 FLOPs each)
   double bytes() const { return read + written; }
   Traffic& operator+=(const Traffic& o);

@@ -329,9 +329,10 @@ void forget(const void* base) {
 
 }  // namespace pptrain_emu::races
 
-// GCC's -fsanitize=kernel-address: the instrumented files call the report functions
-// when an access's shadow byte is set (device memory), and the check functions where
-// they check out of line (all of them with asan-instrumentation-with-call-threshold=0).
+// GCC's -fsanitize=thread instrumentation, without its runtime: the instrumented files
+// call a function before every load and store (a read-modify-write statement both, where
+// the address sanitizer's checks see only its read); those of device memory (a set
+// shadow byte) go to the detector and the counters.
 namespace {
 void device_access(std::uintptr_t a, std::size_t n, bool write) {
   // A GPU faults on a misaligned 16-byte vector access; so does the emulator.
@@ -341,22 +342,45 @@ void device_access(std::uintptr_t a, std::size_t n, bool write) {
   pptrain_emu::counters::global_access(n, write);
   pptrain_emu::races::note(reinterpret_cast<const void*>(a), n, write);
 }
+void access(std::uintptr_t a, std::size_t n, bool write) {
+  const auto* shadow = reinterpret_cast<const unsigned char*>((a >> 3) + pptrain_emu::races::kShadowOffset);
+  if (*shadow != 0 || shadow[(n - 1 + (a & 7)) >> 3] != 0) device_access(a, n, write);
+}
 }  // namespace
 extern "C" {
-#define PPTRAIN_EMU_ACCESS(size)                                                                \
-  void __asan_report_load##size##_noabort(std::uintptr_t a) { device_access(a, size, false); } \
-  void __asan_report_store##size##_noabort(std::uintptr_t a) { device_access(a, size, true); } \
-  void __asan_load##size##_noabort(std::uintptr_t a) { device_access(a, size, false); }        \
-  void __asan_store##size##_noabort(std::uintptr_t a) { device_access(a, size, true); }
+#define PPTRAIN_EMU_ACCESS(size)                                                        \
+  void __tsan_read##size(void* a) { access(reinterpret_cast<std::uintptr_t>(a), size, false); } \
+  void __tsan_write##size(void* a) { access(reinterpret_cast<std::uintptr_t>(a), size, true); }  \
+  void __tsan_unaligned_read##size(void* a) {                                          \
+    access(reinterpret_cast<std::uintptr_t>(a), size, false);                          \
+  }                                                                                    \
+  void __tsan_unaligned_write##size(void* a) {                                         \
+    access(reinterpret_cast<std::uintptr_t>(a), size, true);                           \
+  }
 PPTRAIN_EMU_ACCESS(1)
 PPTRAIN_EMU_ACCESS(2)
 PPTRAIN_EMU_ACCESS(4)
 PPTRAIN_EMU_ACCESS(8)
 PPTRAIN_EMU_ACCESS(16)
 #undef PPTRAIN_EMU_ACCESS
-void __asan_report_load_n_noabort(std::uintptr_t a, std::size_t n) { device_access(a, n, false); }
-void __asan_report_store_n_noabort(std::uintptr_t a, std::size_t n) { device_access(a, n, true); }
-void __asan_loadN_noabort(std::uintptr_t a, std::size_t n) { device_access(a, n, false); }
-void __asan_storeN_noabort(std::uintptr_t a, std::size_t n) { device_access(a, n, true); }
-void __asan_handle_no_return() {}
+void __tsan_read_range(void* a, std::size_t n) {
+  if (n) access(reinterpret_cast<std::uintptr_t>(a), n, false);
+}
+void __tsan_write_range(void* a, std::size_t n) {
+  if (n) access(reinterpret_cast<std::uintptr_t>(a), n, true);
+}
+// The atomics the emulated kernels use (the memory order argument is ignored: all are
+// sequentially consistent); a read-modify-write counts as a write.
+int __tsan_atomic32_fetch_add(volatile int* a, int v, int) {
+  access(reinterpret_cast<std::uintptr_t>(a), 4, true);
+  return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+}
+char __tsan_atomic8_load(const volatile char* a, int) {
+  access(reinterpret_cast<std::uintptr_t>(a), 1, false);
+  return __atomic_load_n(a, __ATOMIC_SEQ_CST);
+}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_init() {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit() {}
 }

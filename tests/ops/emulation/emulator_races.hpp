@@ -6,10 +6,10 @@
 // an item runs, its accesses to device memory are recorded byte by byte: the kernels'
 // loads and stores through compiler instrumentation, and by note() what copies, memsets,
 // cuBLASLt's products and the emulated NCCL's operations read and write. The emulated
-// kernel sources are built with GCC's -fsanitize=kernel-address and a shadow at
-// kShadowOffset: before each load and store it reads the shadow byte of the address
-// ((address >> 3) + kShadowOffset), which is set for device allocations only
-// (mark_device_memory), and then calls the __asan_report_* functions defined here. Two accesses to the same byte by items of different streams,
+// kernel sources are built with GCC's -fsanitize=thread instrumentation: every load and
+// store (both of a read-modify-write) calls a __tsan_* function defined here, which reads
+// the address's shadow byte ((address >> 3) + kShadowOffset), set for device allocations
+// only (mark_device_memory). Two accesses to the same byte by items of different streams,
 // one of them a write, where neither item happens before the other, are a race: the
 // item running when it is found fails with a message naming both items and the
 // allocation, and the message is printed too. A 16-byte access to device memory that is
@@ -70,8 +70,8 @@ void note(const void* p, std::size_t bytes, bool write, const char* by = nullptr
 // heads).
 void prune(const std::vector<ClockRef>& pending);
 
-// The shadow's place (the -fasan-shadow-offset the kernel files are built with) and its
-// marking of [p, p + bytes) as device memory or not (p and bytes multiples of 8).
+// The shadow's place and its marking of [p, p + bytes) as device memory or not (p and
+// bytes multiples of 8).
 constexpr std::uintptr_t kShadowOffset = 0x7fff8000;
 void mark_device_memory(const void* p, std::size_t bytes, bool device);
 

@@ -87,6 +87,7 @@ TEST(EmulatedRaces, ReadersAndDisjointBytesDoNotRace) {
     EXPECT_EQ(race_in([&] {
       st::sum(totals.p, x.p, kN, a.s);  // both read x
       st::sum(totals.p + 1, x.p, kN, b.s);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // then, after both reads,
       st::scale_add(x.p, kN / 2, 2.0f, 0.0f, a.s);  // each writes its own half
       st::scale_add(x.p + kN / 2, kN / 2, 2.0f, 0.0f, b.s);
     }), "") << setting;
@@ -105,6 +106,21 @@ TEST(EmulatedRaces, OneSharedFloatIsARace) {
   EXPECT_NE(report.find("bytes [" + std::to_string(byte) + ", " + std::to_string(byte + 4) + ")"),
             std::string::npos)
       << report;
+  EXPECT_NE(report.find("wrote"), std::string::npos) << report;
+}
+
+// x = a x + b loads and stores x in one statement: both accesses are seen.
+TEST(EmulatedRaces, AReadModifyWriteWritesToo) {
+  const Asynchronous schedule;
+  const OwnedStream a(cudaStreamNonBlocking), b(cudaStreamNonBlocking);
+  const DeviceFloats x(kN);
+  st::fill(x.p, kN, 1.0f, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::string report = race_in([&] {
+    st::scale_add(x.p, kN, 2.0f, 1.0f, a.s);
+    st::scale_add(x.p, kN, 3.0f, 0.0f, b.s);
+  });
+  EXPECT_NE(report.find("emulated CUDA: stream race: stream "), std::string::npos) << report;
   EXPECT_NE(report.find("wrote"), std::string::npos) << report;
 }
 
