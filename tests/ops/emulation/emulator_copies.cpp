@@ -1,8 +1,10 @@
 // The emulated runtime's copies and memsets (emulator_host_api.hpp) as stream work. The
 // ranges are checked when the call is made; the bytes move when the work is due, except
-// that a copy from host memory stages its source at the call, as CUDA does for pageable
-// memory. The blocking forms queue on the legacy stream and wait for their item. A
-// device range freed before its work ran is reported as a fault.
+// that an asynchronous copy from pageable host memory stages its source at the call, as
+// CUDA does (from pinned memory, cudaMallocHost's, it reads the source when it runs; a
+// capturing stream takes only those). The blocking forms queue on the legacy stream and
+// wait for their item; a capture on the device refuses them. A device range freed
+// before its work ran is reported as a fault.
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -33,10 +35,19 @@ void still_allocated(const void* p, std::size_t bytes, int device, const std::st
                              ": its device memory was freed before the queued work ran");
 }
 
-cudaError_t queue_and_maybe_wait(Stream* s, std::string what, Work work, bool block) {
+cudaError_t queue_and_maybe_wait(Stream* s, std::string what, Work work, bool block,
+                                 bool staged) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q) return cudaErrorInvalidResourceHandle;
+  if (block && sched::capturing_on(q->device)) {  // the legacy stream, beside a capture
+    sched::invalidate_captures(q->device, what);
+    return cudaErrorStreamCaptureImplicit;
+  }
+  if (staged && q->capture) {  // a replay would copy the call's bytes again
+    sched::invalidate(*q, what + " from pageable memory");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   const sched::Mark done = sched::submit(held, q, std::move(what), std::move(work));
   if (block) sched::drive(held, {done}, true);
   return cudaSuccess;
@@ -55,7 +66,8 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
   const bool from_host =
       kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && src_device < 0);
   Work work;
-  if (from_host && !block) {
+  const bool staged = from_host && !block && !pinned(src, bytes);
+  if (staged) {
     const auto* begin = static_cast<const unsigned char*>(src);
     auto staged = std::make_shared<const std::vector<unsigned char>>(begin, begin + bytes);
     work = [=] {
@@ -74,7 +86,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
       return true;
     };
   }
-  return queue_and_maybe_wait(s, what, std::move(work), block);
+  return queue_and_maybe_wait(s, what, std::move(work), block, staged);
 }
 
 cudaError_t fill(void* p, int value, std::size_t bytes, Stream* s, bool block) {
@@ -90,7 +102,7 @@ cudaError_t fill(void* p, int value, std::size_t bytes, Stream* s, bool block) {
     std::memset(p, value, bytes);
     return true;
   };
-  return queue_and_maybe_wait(s, what, std::move(work), block);
+  return queue_and_maybe_wait(s, what, std::move(work), block, false);
 }
 
 }  // namespace

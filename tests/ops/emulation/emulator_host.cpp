@@ -28,6 +28,7 @@ struct Registry {
   std::map<const char*, Allocation> allocations;  // by base
   std::map<int, std::size_t> bytes;               // in use, by device
   std::uint64_t version = 0;                       // changes with every allocation and free
+  std::map<const char*, std::size_t> pinned;       // cudaMallocHost's blocks: base -> bytes
 };
 Registry& registry() {
   static Registry r;
@@ -54,6 +55,16 @@ const char* error_string(cudaError_t e) {
       return "invalid resource handle";
     case cudaErrorNotReady:
       return "device not ready";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
   }
   return "unknown error";
 }
@@ -90,6 +101,9 @@ cudaError_t device_free(void* p) {
     if (it == r.allocations.end()) return cudaErrorInvalidValue;
     device = it->second.device;
   }
+  if (const cudaError_t e = refuse_while_capturing(device, "cudaFree", cudaErrorStreamCaptureUnsupported);
+      e != cudaSuccess)
+    return e;
   synchronize_device(device);  // as cudaFree does: queued work may still use p
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -104,6 +118,34 @@ cudaError_t device_free(void* p) {
   races::mark_device_memory(p, rounded(bytes), false);
   std::free(p);
   return cudaSuccess;
+}
+
+void* host_alloc(std::size_t bytes) {
+  void* p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256});
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.pinned[static_cast<const char*>(p)] = bytes;
+  return p;
+}
+
+void host_free(void* p) {
+  if (p == nullptr) return;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.pinned.erase(static_cast<const char*>(p));
+  }
+  ::operator delete(p, std::align_val_t{256});
+}
+
+bool pinned(const void* p, std::size_t bytes) {
+  const char* begin = static_cast<const char*>(p);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.pinned.upper_bound(begin);
+  if (it == r.pinned.begin()) return false;
+  --it;
+  return begin + bytes <= it->first + it->second;
 }
 
 bool device_range_ok(const void* p, std::size_t bytes) {

@@ -82,6 +82,35 @@ cudaError_t event_query(Event* e);
 cudaError_t event_synchronize(Event* e);
 cudaError_t device_synchronize();  // the current device
 void synchronize_device(int device);
+// ---- pinned host memory (emulator_host.cpp): copies from it read it when they run ----
+void* host_alloc(std::size_t bytes);
+void host_free(void* p);
+bool pinned(const void* p, std::size_t bytes);  // all of [p, p + bytes) in one pinned block
+// ---- stream capture and graphs (emulator_graphs.cpp) ----
+struct Graph;
+struct GraphExec;
+namespace host_names {
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
+}  // namespace host_names
+cudaError_t stream_begin_capture(Stream* s, cudaStreamCaptureMode mode);
+cudaError_t stream_end_capture(Stream* s, Graph** graph);
+cudaError_t stream_is_capturing(Stream* s, cudaStreamCaptureStatus* status);
+cudaError_t graph_instantiate(GraphExec** exec, Graph* graph);
+cudaError_t graph_launch(GraphExec* exec, Stream* s);
+cudaError_t graph_destroy(Graph* graph);
+cudaError_t graph_exec_destroy(GraphExec* exec);
+// `code` (and the device's captures end invalidated) when a stream of `device` captures:
+// calls that synchronise or use the legacy stream are not allowed then; else cudaSuccess.
+cudaError_t refuse_while_capturing(int device, const char* what, cudaError_t code);
 // ---- copies and memsets (emulator_copies.cpp) ----
 cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                          Stream* s);
@@ -133,13 +162,14 @@ cudaError_t cudaMalloc(T** p, std::size_t bytes) {
   return pptrain_emu::device_malloc(reinterpret_cast<void**>(p), bytes);
 }
 static inline cudaError_t cudaFree(void* p) { return pptrain_emu::device_free(p); }
-// Pinned host memory is host memory here; copies into it are queued like any other.
+// Pinned host memory: a copy from it reads it when the copy runs (from pageable memory,
+// at the call), as on a GPU.
 static inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
-  *p = ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{256});
+  *p = pptrain_emu::host_alloc(bytes);
   return cudaSuccess;
 }
 static inline cudaError_t cudaFreeHost(void* p) {
-  ::operator delete(p, std::align_val_t{256});
+  pptrain_emu::host_free(p);
   return cudaSuccess;
 }
 static inline cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
@@ -205,4 +235,36 @@ static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEve
   *ms = 0.0f;  // no timing in the emulator
   if (const cudaError_t err = pptrain_emu::event_check(a); err != cudaSuccess) return err;
   return pptrain_emu::event_check(b);
+}
+
+// ---- stream capture and graphs: one stream's work recorded in order, replayed whole ----
+using cudaGraph_t = pptrain_emu::Graph*;
+using cudaGraphExec_t = pptrain_emu::GraphExec*;
+using pptrain_emu::cudaErrorCapturedEvent;
+using pptrain_emu::cudaErrorStreamCaptureImplicit;
+using pptrain_emu::cudaErrorStreamCaptureInvalidated;
+using pptrain_emu::cudaErrorStreamCaptureIsolation;
+using pptrain_emu::cudaErrorStreamCaptureUnsupported;
+static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return pptrain_emu::stream_begin_capture(s, mode);
+}
+static inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  return pptrain_emu::stream_end_capture(s, graph);
+}
+static inline cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  return pptrain_emu::stream_is_capturing(s, status);
+}
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                               unsigned long long flags = 0) {
+  if (flags != 0) return cudaErrorInvalidValue;
+  return pptrain_emu::graph_instantiate(exec, graph);
+}
+static inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  return pptrain_emu::graph_launch(exec, s);
+}
+static inline cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  return pptrain_emu::graph_destroy(graph);
+}
+static inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  return pptrain_emu::graph_exec_destroy(exec);
 }

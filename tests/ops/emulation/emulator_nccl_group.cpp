@@ -112,9 +112,19 @@ void queue(const std::vector<cudaStream_t>& on, std::vector<std::unique_ptr<Op>>
   });
 }
 
+// NCCL operations in a captured graph are not modelled: each is a one-time exchange with
+// its peers (emulator_nccl_core.cpp), which a replay would not repeat.
+bool captures(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+const char* const kCaptured = "an NCCL operation on a capturing stream (the emulator does not "
+                              "replay NCCL operations in graphs)";
+
 }  // namespace
 
 ncclResult_t submit(cudaStream_t stream, std::unique_ptr<Op> op) {
+  if (captures(stream)) return refuse(ncclInvalidUsage, kCaptured);
   if (group().depth > 0) {
     group().issued.push_back({stream, std::move(op)});
     return ncclSuccess;
@@ -159,6 +169,8 @@ ncclResult_t ncclGroupEnd() {
   if (issued.empty()) return ncclSuccess;
   std::vector<cudaStream_t> streams;
   std::vector<std::unique_ptr<Op>> ops;
+  for (const Issued& i : issued)
+    if (captures(i.stream)) return fail(ncclInvalidUsage, std::string("ncclGroupEnd: ") + kCaptured);
   for (Issued& i : issued) {
     streams.push_back(i.stream);
     ops.push_back(std::move(i.op));

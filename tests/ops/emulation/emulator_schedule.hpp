@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "emulator_races.hpp"
@@ -33,6 +34,13 @@ struct Item {
   races::ClockRef clock;    // what happens before it, itself included
 };
 
+// A stream capture in progress (emulator_graphs.cpp): what is queued on the capturing
+// stream is recorded here, not run.
+struct Capture {
+  std::vector<std::pair<std::string, Work>> items;
+  std::string invalidated;  // the call capture does not allow, once one was made
+};
+
 struct Queue {
   std::uint64_t id = 0;  // creation order: names queues and orders the seeded choice
   int device = 0;
@@ -43,6 +51,7 @@ struct Queue {
   std::deque<Item> items;  // not yet completed, the head first
   std::uint64_t pushed = 0, completed = 0;
   races::ClockRef last_clock;  // the clock of item `pushed`
+  std::shared_ptr<Capture> capture;  // while the stream captures
   std::string name() const;
 };
 
@@ -58,6 +67,8 @@ struct Stream {
 struct Event {
   int device = 0;
   sched::Mark last;  // no queue until the first cudaEventRecord
+  // The capture its last record was made in (that record is not a point of any queue).
+  std::shared_ptr<const sched::Capture> captured;
 };
 }  // namespace pptrain_emu
 
@@ -83,6 +94,11 @@ bool remove_event(Event* e);
 // its completion. With the "sync" schedule the item runs before submit returns.
 Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q, std::string what,
             Work work, std::vector<Mark> after = {});
+// Whether a stream of `device` captures; a capturing queue's captures ends invalidated
+// with `why` (a call capture does not allow was made).
+bool capturing_on(int device);
+void invalidate_captures(int device, const std::string& why);
+void invalidate(Queue& q, const std::string& why);
 // The mark of q's last queued item.
 Mark end_of(const std::shared_ptr<Queue>& q);
 // The end of every queue of `device` (its pending work, destroyed streams' included).

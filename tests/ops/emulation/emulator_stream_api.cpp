@@ -48,6 +48,10 @@ cudaError_t stream_synchronize(Stream* s) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q) return cudaErrorInvalidResourceHandle;
+  if (q->capture) {
+    sched::invalidate(*q, "cudaStreamSynchronize");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   sched::drive(held, {sched::end_of(q)}, true);
   return cudaSuccess;
 }
@@ -56,6 +60,10 @@ cudaError_t stream_query(Stream* s) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q) return cudaErrorInvalidResourceHandle;
+  if (q->capture) {
+    sched::invalidate(*q, "cudaStreamQuery");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   return sched::drive(held, {sched::end_of(q)}, false) ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -63,6 +71,15 @@ cudaError_t stream_wait_event(Stream* s, Event* e) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q || !sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  // A capture records one stream's work in order: a wait inside it for its own record
+  // orders nothing more; a wait for work outside it, or another stream's wait joining it,
+  // is a multi-stream capture, which the emulator does not model.
+  if (q->capture) {
+    if (e->captured == q->capture) return cudaSuccess;
+    sched::invalidate(*q, "cudaStreamWaitEvent for work outside the capture");
+    return cudaErrorStreamCaptureIsolation;
+  }
+  if (e->captured) return cudaErrorStreamCaptureUnsupported;
   // The wait is for the record made last before this call; none: nothing to wait for.
   const sched::Mark record = e->last;
   std::string what = "cudaStreamWaitEvent for ";
@@ -80,6 +97,13 @@ void synchronize_device(int device) {
 }
 
 cudaError_t device_synchronize() {
+  {
+    auto held = sched::lock();
+    if (sched::capturing_on(current_device())) {
+      sched::invalidate_captures(current_device(), "cudaDeviceSynchronize");
+      return cudaErrorStreamCaptureUnsupported;
+    }
+  }
   synchronize_device(current_device());
   return cudaSuccess;
 }
@@ -111,6 +135,12 @@ cudaError_t event_record(Event* e, Stream* s) {
   const auto q = sched::queue_of(s);
   if (!q || !sched::live_event(e) || q->device != e->device)
     return cudaErrorInvalidResourceHandle;
+  if (q->capture) {  // a point of the graph, not of any queue
+    e->captured = q->capture;
+    e->last = {};
+    return cudaSuccess;
+  }
+  e->captured = nullptr;
   e->last = sched::submit(held, q, "cudaEventRecord", done_at_once);
   return cudaSuccess;
 }
@@ -118,12 +148,14 @@ cudaError_t event_record(Event* e, Stream* s) {
 cudaError_t event_query(Event* e) {
   auto held = sched::lock();
   if (!sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  if (e->captured) return cudaErrorCapturedEvent;
   return sched::drive(held, {e->last}, false) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t event_synchronize(Event* e) {
   auto held = sched::lock();
   if (!sched::live_event(e)) return cudaErrorInvalidResourceHandle;
+  if (e->captured) return cudaErrorCapturedEvent;
   sched::drive(held, {e->last}, true);
   return cudaSuccess;
 }

@@ -213,6 +213,10 @@ bool remove_event(Event* e) { return e != nullptr && state().events.erase(e) != 
 Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q, std::string what,
             Work work, std::vector<Mark> after) {
   State& s = state();
+  if (q->capture) {  // recorded for the graph; the callers add no waits while capturing
+    q->capture->items.emplace_back(std::move(what), std::move(work));
+    return Mark{};
+  }
   // The legacy stream waits for the blocking streams' work, and they wait for its.
   const auto pending = [](const std::shared_ptr<Queue>& p) { return p->pushed > p->completed; };
   if (q->legacy) {
@@ -239,6 +243,21 @@ Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q,
 }
 
 Mark end_of(const std::shared_ptr<Queue>& q) { return {q, q->pushed, q->last_clock}; }
+
+bool capturing_on(int device) {
+  const auto& queues = state().queues;
+  return std::any_of(queues.begin(), queues.end(),
+                     [&](const auto& q) { return q->device == device && q->capture; });
+}
+
+void invalidate(Queue& q, const std::string& why) {
+  if (q.capture && q.capture->invalidated.empty()) q.capture->invalidated = why;
+}
+
+void invalidate_captures(int device, const std::string& why) {
+  for (const auto& q : state().queues)
+    if (q->device == device) invalidate(*q, why);
+}
 
 std::vector<Mark> device_marks(int device) {
   std::vector<Mark> marks;
