@@ -53,7 +53,7 @@ std::span<const Field> fields() {
       PPTRAIN_FIELD(train, max_nonfinite),  PPTRAIN_FIELD(train, precision),
       PPTRAIN_FIELD(train, peak_tflops),    PPTRAIN_FIELD(train, attention),
       PPTRAIN_FIELD(train, recompute),      PPTRAIN_FIELD(train, recompute_layers),
-      PPTRAIN_FIELD(train, memory_check),
+      PPTRAIN_FIELD(train, memory_check),   PPTRAIN_FIELD(train, cuda_graph),
       PPTRAIN_FIELD(data, source),
       PPTRAIN_FIELD(data, path),            PPTRAIN_FIELD(data, val_path),
       PPTRAIN_FIELD(checkpoint, dir),       PPTRAIN_FIELD(checkpoint, every),

@@ -119,6 +119,9 @@ struct TrainConfig {
   // from their input), on the first recompute_layers layers of each chunk (0: all).
   Recompute recompute = Recompute::None;
   int recompute_layers = 0;
+  // CUDA, one rank: the step's forward, backward and gradient norm captured as a CUDA
+  // graph at the second step and replayed from then on.
+  bool cuda_graph = false;
 };
 
 // Whether a run on CUDA (on_cuda) or on the CPU, at context-parallel degree cp, uses the

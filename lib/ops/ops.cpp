@@ -50,6 +50,10 @@ void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const 
   if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, std::size_t(N) * std::size_t(Cin));
 }
 
+void Ops::begin_capture() { throw std::logic_error(name() + " cannot capture its work as a graph"); }
+void Ops::end_capture() { begin_capture(); }
+void Ops::replay() { begin_capture(); }
+
 void Ops::linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N, int Cin,
                        int Cout) {
   linear_weight_grad(dw, inp, dout, N, Cin, Cout);

@@ -108,6 +108,10 @@ class Ops {
   // Host memory that download_async may copy into (pinned on CUDA); free_host frees it.
   virtual void* allocate_host(std::size_t bytes);
   virtual void free_host(void* p) noexcept;
+  struct FreeHost {  // a deleter: std::unique_ptr<T, Ops::FreeHost>{allocate_host(...), {ops}}
+    Ops* ops;
+    void operator()(void* p) const noexcept { ops->free_host(p); }
+  };
   // Queues a copy into host memory from allocate_host, complete after the next
   // wait_queue(); the host must not read it earlier.
   virtual void download_async(void* host_dst, const void* src, std::size_t bytes) {
@@ -124,6 +128,16 @@ class Ops {
   virtual std::vector<double> take_marks() = 0;
   // The device's count of host waits (null on the CPU, where the host never waits).
   virtual HostWaitCounter* host_waits() { return nullptr; }
+  // A graph: between begin_capture() and end_capture() the work the backend is asked to
+  // queue is recorded, not run (nothing may wait for the device, no allocation may be
+  // freed, uploads come from allocate_host's memory, no marks are taken); replay()
+  // queues all of it again, as often as it is called, while replayable(): until device
+  // memory is freed (a graph may read it). Backends without graphs (the CPU) throw
+  // std::logic_error.
+  virtual void begin_capture();
+  virtual void end_capture();
+  virtual void replay();
+  virtual bool replayable() const { return false; }
   // The native queue ops run on (a cudaStream_t on CUDA, null on the CPU), so a
   // communicator can order its work after theirs.
   virtual void* native_stream() { return nullptr; }

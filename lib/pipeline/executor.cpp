@@ -272,9 +272,10 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
       if (!spec.last)
         if (StageModel::Set* next = local_peer({Op::SendForward, a.microbatch, a.chunk}))
           model_.output_into(acts, model_.input_buffer(*next));
-      if (spec.first || spec.last) batch(a.microbatch, tokens_.data(), targets_.data());
-      model_.forward(a.chunk, acts, tokens_.data(), model_.input_buffer(acts), targets_.data(),
-                     loss_scale, loss_total);
+      int32_t *tokens = tokens_of(a.microbatch), *targets = targets_of(a.microbatch);
+      if ((spec.first || spec.last) && !batches_) batch(a.microbatch, tokens, targets);
+      model_.forward(a.chunk, acts, tokens, model_.input_buffer(acts), targets, loss_scale,
+                     loss_total);
     } else if (a.op == Op::BackwardInput) {
       StageModel::Set& acts = acquire(key);
       if (!spec.first)
@@ -296,6 +297,28 @@ void PipelineExecutor::train_step(const BatchFn& batch, float loss_scale, double
   PPTRAIN_CHECK(live_.empty(), "activations left after the schedule");
   drain();
   ops.mark();
+}
+
+void PipelineExecutor::keep_batches_in_host_memory() {
+  ops::Ops& ops = model_.backend();
+  const std::size_t bytes = 2 * std::size_t(m_) * tokens_.size() * sizeof(int32_t);
+  batches_ = {static_cast<int32_t*>(ops.allocate_host(bytes)), {&ops}};
+}
+
+int32_t* PipelineExecutor::tokens_of(int mb) {
+  return batches_ ? batches_.get() + 2 * std::size_t(mb) * tokens_.size() : tokens_.data();
+}
+int32_t* PipelineExecutor::targets_of(int mb) {
+  return batches_ ? tokens_of(mb) + tokens_.size() : targets_.data();
+}
+
+void PipelineExecutor::fill_batches(const BatchFn& batch) {
+  PPTRAIN_CHECK(batches_ != nullptr, "fill_batches: the batches are not kept in host memory");
+  for (const ChunkSpec& spec : model_.partition().chunks)
+    if (spec.first || spec.last) {
+      for (int mb = 0; mb < m_; ++mb) batch(mb, tokens_of(mb), targets_of(mb));
+      return;
+    }
 }
 
 PipelineStats PipelineExecutor::step_stats(const std::vector<double>& marks,

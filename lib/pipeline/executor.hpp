@@ -92,6 +92,8 @@ class PipelineExecutor {
   // its wait_queue()); on_action, if set, gets each action's span, placed on the host
   // clock from the step's start.
   PipelineStats step_stats(const std::vector<double>& marks, const ActionFn& on_action = {}) const;
+  // The most activation sets the last train_step held at once.
+  int peak_activations() const { return peak_activations_; }
   // The host time at which the last train_step began: its device time zero.
   Clock::time_point step_started() const { return started_; }
   // The schedule's steps of every rank of the pipeline, by stage (this rank runs its own).
@@ -100,6 +102,12 @@ class PipelineExecutor {
   // on the last stage (0 elsewhere). `losses_out`, if set, receives per-position losses
   // of each micro-batch on the last stage (count * batch * seq_len).
   double evaluate(int count, const BatchFn& batch, std::vector<float>* losses_out = nullptr);
+  // For a captured step (train.cuda_graph): every micro-batch's tokens and targets in
+  // host memory the backend copies from when the queued copy runs (allocate_host), which
+  // fill_batches() writes before each step and train_step then reads instead of asking
+  // its `batch`.
+  void keep_batches_in_host_memory();
+  void fill_batches(const BatchFn& batch);
 
  private:
   using Key = std::pair<int, int>;  // (microbatch, chunk)
@@ -145,6 +153,10 @@ class PipelineExecutor {
   std::vector<Draining> draining_;
   std::vector<std::vector<std::unique_ptr<StageModel::Set>>> pool_;  // per chunk
   std::vector<int32_t> tokens_, targets_;
+  std::unique_ptr<int32_t, ops::Ops::FreeHost> batches_;  // keep_batches_in_host_memory's
+  // Micro-batch mb's arrays: in batches_ when kept there, else tokens_ and targets_.
+  int32_t* tokens_of(int mb);
+  int32_t* targets_of(int mb);
   // The last train_step: the index of its first mark (one more after each step, and
   // one after the final drain), the host time it was taken, the most sets it held.
   std::size_t first_mark_ = 0;

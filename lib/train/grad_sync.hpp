@@ -92,11 +92,7 @@ class GradSync {
   // The step's {loss, squared norm} (fp64) and the update's control (2 floats), in
   // backend memory; the statistics' host copy (pinned on a device).
   ops::Buffer stats_, control_;
-  struct FreeHost {
-    ops::Ops* ops;
-    void operator()(double* p) const noexcept { ops->free_host(p); }
-  };
-  std::unique_ptr<double, FreeHost> host_stats_;
+  std::unique_ptr<double, ops::Ops::FreeHost> host_stats_;
 };
 
 }  // namespace pptrain

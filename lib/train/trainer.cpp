@@ -169,6 +169,11 @@ RankTrainer::RankTrainer(Session& s, const StopSignals& signals)
       peak_tflops_(peak_tflops_for(cfg_.train.peak_tflops, s.ops->device_model())),
       metrics_(s.logs() ? cfg_.logging.metrics : ""),
       last_step_(cfg_.train.steps) {
+  if (cfg_.train.cuda_graph) {
+    if (!s.ops->device_memory())
+      throw InputError("train.cuda_graph: needs a CUDA device; this run is on the CPU backend");
+    s.executor.keep_batches_in_host_memory();
+  }
   // Rank 0 holds the checkpoint directory for the whole run; no rank reads it before.
   if (!cfg_.checkpoint.dir.empty()) {
     if (s.rank == 0) ckpt_lock_.emplace(cfg_.checkpoint.dir);
@@ -260,7 +265,10 @@ void RankTrainer::log_start() const {
 
 // The schedule over the step's micro-batches, the gradient reduction and the update, all
 // queued on the backend; then the step's one wait on the device, for its loss, gradient
-// norm and timings.
+// norm and timings. With train.cuda_graph the first step runs so (every allocation and
+// cuBLASLt plan made), the next is captured up to the update, and later steps replay
+// that graph: the host writes the micro-batches where its copies read them, launches
+// it, and queues the update, whose learning rate and step change.
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto& par = cfg_.parallel;
   const int M = par.micro_batches, B = par.micro_batch_size, T = cfg_.model.seq_len;
@@ -289,10 +297,23 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const int means = M * s_.grid.replicas();
   const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
   s_.comms.timeline->start_step(traced);  // time zero: where the executor's first mark goes
-  s_.executor.train_step(fill, 1.0f / float(means), sync_.loss_total(), sync_.hooks());
-  const std::size_t comm_begin = ops.mark();
-  sync_.finish(cfg_.train.grad_clip);
-  const std::size_t comm_end = ops.mark();
+  const bool graphed = cfg_.train.cuda_graph && step > first_step_;
+  if (cfg_.train.cuda_graph) s_.executor.fill_batches(fill);
+  std::size_t comm_begin = 0, comm_end = 0;
+  const bool capture = graphed && !ops.replayable();  // the first, or memory was freed since
+  if (!graphed || capture) {
+    if (capture) ops.begin_capture();
+    s_.model.zero_grads();
+    s_.executor.train_step(fill, 1.0f / float(means), sync_.loss_total(), sync_.hooks());
+    comm_begin = ops.mark();
+    sync_.finish(cfg_.train.grad_clip);
+    comm_end = ops.mark();
+    if (capture) {
+      ops.end_capture();
+      if (s_.logs()) spdlog::info("step {}: captured as a CUDA graph, replayed from now on", step + 1);
+    }
+  }
+  if (graphed) ops.replay();
   StepOutcome o;
   o.lr = learning_rate(cfg_.train, step);
   sync_.update(opt_, float(o.lr), step + 1);
@@ -303,14 +324,21 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto t1 = Clock::now();
 
   PipelineExecutor::ActionFn on_action;
-  if (traced)
+  if (traced && !graphed)
     on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
       trace_->add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
                       (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
                   step + 1, b, e);
     };
-  const PipelineStats st = s_.executor.step_stats(marks, on_action);
-  if (traced) {
+  // A replayed graph takes no marks: its one rank computed the whole time.
+  PipelineStats st;
+  if (graphed) {
+    st.elapsed_s = st.compute_s = seconds(t1 - t0);
+    st.peak_activations = s_.executor.peak_activations();
+  } else {
+    st = s_.executor.step_stats(marks, on_action);
+  }
+  if (traced && !graphed) {
     const auto update_span = std::chrono::duration<double>(marks[update_end] - marks[comm_end]);
     trace_->add("optimizer", step + 1, t1 - std::chrono::duration_cast<Clock::duration>(update_span),
                 t1);
@@ -326,8 +354,8 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
                                          after->global_bytes - kernels_before->global_bytes,
                                          after->shared_bytes - kernels_before->shared_bytes,
                                          after->mma_ops - kernels_before->mma_ops};
-  o.report = aggregate(s_, st, marks[comm_end] - marks[comm_begin], double(o.device_syncs),
-                       signals_.requested());
+  o.report = aggregate(s_, st, graphed ? 0.0 : marks[comm_end] - marks[comm_begin],
+                       double(o.device_syncs), signals_.requested());
   o.seconds = seconds(t1 - t0);
   s_.comms.all->all_reduce(&o.seconds, 1, comm::ReduceOp::Max);
   train_seconds_ += o.seconds;

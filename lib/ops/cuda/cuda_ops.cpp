@@ -97,6 +97,7 @@ void* CudaOps::allocate(std::size_t bytes) {
 
 void CudaOps::deallocate(void* p) noexcept {
   if (p == nullptr) return;
+  graph_ = {};  // it may read p
   memory_.removed(p);
   waits_.add();
   (void)cudaFree(p);  // synchronises the device first: queued work may still use p
@@ -105,6 +106,7 @@ void CudaOps::deallocate(void* p) noexcept {
 void* CudaOps::workspace(std::size_t bytes) {
   if (workspace_.bytes() < bytes) {
     retired_.push_back(std::move(workspace_));  // queued work may still read the old block
+    graph_ = {};                                // and a graph would read it again
     workspace_ = cuda::DeviceMemory(bytes);
     update_peak();
   }
@@ -139,7 +141,31 @@ void CudaOps::download_async(void* host_dst, const void* src, std::size_t bytes)
   PPTRAIN_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
 }
 
+void CudaOps::begin_capture() {
+  PPTRAIN_CHECK(!capturing_, "begin_capture: a capture is open");
+  PPTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal));
+  capturing_ = true;
+}
+
+void CudaOps::end_capture() {
+  PPTRAIN_CHECK(capturing_, "end_capture: no capture is open");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  PPTRAIN_CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  PPTRAIN_CUDA_CHECK(made);
+  graph_ = cuda::GraphExec(exec);
+}
+
+void CudaOps::replay() {
+  PPTRAIN_CHECK(replayable() && !capturing_, "replay: no graph to replay");
+  PPTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_.get(), stream()));
+}
+
 std::size_t CudaOps::mark() {
+  if (capturing_) return marks_.size();  // a graph's work is not timed
   if (free_marks_.empty()) free_marks_.emplace_back(true);
   marks_.push_back(std::move(free_marks_.back()));
   free_marks_.pop_back();

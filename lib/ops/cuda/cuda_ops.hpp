@@ -68,6 +68,10 @@ class CudaOps final : public Ops {
   void synchronize() override;
   void* allocate_host(std::size_t bytes) override;
   void free_host(void* p) noexcept override;
+  void begin_capture() override;
+  void end_capture() override;
+  void replay() override;
+  bool replayable() const override { return graph_.get() != nullptr; }
   void download_async(void* host_dst, const void* src, std::size_t bytes) override;
   std::size_t mark() override;
   void wait_queue(const std::function<void()>& poll) override;
@@ -197,6 +201,8 @@ class CudaOps final : public Ops {
   // Timing events: those recorded since the last take_marks, then the free ones.
   std::vector<cuda::Event> marks_, free_marks_;
   cuda::Event queue_end_;  // wait_queue's event
+  bool capturing_ = false;
+  cuda::GraphExec graph_;  // the last capture
 };
 
 }  // namespace pptrain::ops

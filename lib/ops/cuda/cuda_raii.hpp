@@ -50,6 +50,9 @@ struct DestroyStream {
 struct DestroyEvent {
   void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
 };
+struct DestroyGraphExec {
+  void operator()(cudaGraphExec_t g) const noexcept { (void)cudaGraphExecDestroy(g); }
+};
 struct DestroyCublasLt {
   void operator()(cublasLtHandle_t h) const noexcept { (void)cublasLtDestroy(h); }
 };
@@ -82,6 +85,9 @@ class DeviceMemory {
   UniqueHandle<void*, FreeDeviceMemory> mem_;
   std::size_t bytes_ = 0;
 };
+
+// An instantiated graph.
+using GraphExec = UniqueHandle<cudaGraphExec_t, DestroyGraphExec>;
 
 // A non-blocking stream (no implicit synchronisation with the legacy default stream).
 class Stream {
