@@ -119,8 +119,8 @@ struct TrainConfig {
   // from their input), on the first recompute_layers layers of each chunk (0: all).
   Recompute recompute = Recompute::None;
   int recompute_layers = 0;
-  // CUDA, one rank: the step's forward, backward and gradient norm captured as a CUDA
-  // graph at the second step and replayed from then on.
+  // CUDA, one rank: the whole step (forward, backward, gradient norm, update) captured as
+  // a CUDA graph at the second step and replayed from then on.
   bool cuda_graph = false;
 };
 

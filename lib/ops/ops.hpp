@@ -53,6 +53,9 @@ struct AdamWStep {
   // When not null: the step's control in backend memory, written by update_control
   // (control[0] replaces grad_scale; control[1] == 0 leaves everything unchanged).
   const float* control = nullptr;
+  // When not null: {lr, inv_bias_correction1, inv_bias_correction2} in backend memory,
+  // read in place of those three (a captured update reads each replay's values).
+  const float* schedule = nullptr;
 };
 
 // One parameter tensor's part of a multi-tensor AdamW update: n elements from index
@@ -90,6 +93,8 @@ class Ops {
     return p;
   }
   virtual void deallocate(void* p) noexcept = 0;
+  // From allocate_host's memory the copy may run later, in the queue: the host leaves the
+  // source as it is until the next wait_queue().
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
   // Waits for the work queued before it, then copies to host memory.
   virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;

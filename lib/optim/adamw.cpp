@@ -44,6 +44,17 @@ AdamW::AdamW(ops::Ops& ops, const ParamLayout& layout, const TrainConfig& train,
       m_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's first moments")),
       v_(ops::Buffer::zeroed(ops, size() * sizeof(float), "the optimizer's second moments")) {
   if (holds_master) master_ = ops::Buffer(ops, size() * sizeof(float), "the optimizer's master weights");
+  schedule_ = ops::Buffer(ops, 3 * sizeof(float), "the optimizer's step schedule");
+  staged_schedule_ = {static_cast<float*>(ops.allocate_host(3 * sizeof(float))), {&ops}};
+}
+
+void AdamW::stage_schedule(float lr, int64_t t) {
+  PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
+  // The bias corrections once per step, in double, then used as fp32 factors.
+  float* s = staged_schedule_.get();
+  s[0] = lr;
+  s[1] = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
+  s[2] = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
 }
 
 void AdamW::upload_ranges(float* packed, const float* host_arena) {
@@ -83,11 +94,11 @@ void AdamW::add_segments(std::size_t i, std::vector<ops::AdamWSegment>& segments
 void AdamW::update(const std::vector<ops::AdamWSegment>& segments, float* params,
                    ops::Act* weights, const float* grads, float lr, float grad_scale, int64_t t,
                    const float* control) {
-  PPTRAIN_CHECK(t >= 1, "AdamW update count t is 1-based");
   PPTRAIN_CHECK((params == nullptr) == (master_.get() != nullptr),
                 "AdamW: parameters come from the caller or from the optimizer's master, not both");
-  // 1 - beta and the bias corrections once per step, in double, then used as fp32
-  // factors.
+  stage_schedule(lr, t);
+  ops_.upload(schedule_.get(), staged_schedule_.get(), 3 * sizeof(float));
+  // 1 - beta in double, then rounded once.
   ops::AdamWStep h{};
   h.lr = lr;
   h.beta1 = float(beta1_);
@@ -95,10 +106,11 @@ void AdamW::update(const std::vector<ops::AdamWSegment>& segments, float* params
   h.one_minus_beta1 = float(1.0 - beta1_);
   h.one_minus_beta2 = float(1.0 - beta2_);
   h.eps = float(eps_);
-  h.inv_bias_correction1 = float(1.0 / (1.0 - std::pow(beta1_, double(t))));
-  h.inv_bias_correction2 = float(1.0 / (1.0 - std::pow(beta2_, double(t))));
+  h.inv_bias_correction1 = staged_schedule_.get()[1];
+  h.inv_bias_correction2 = staged_schedule_.get()[2];
   h.grad_scale = grad_scale;
   h.control = control;
+  h.schedule = schedule_.f32();
   ops_.adamw_segments(master_.get() ? master_.f32() : params, weights, grads, m_.f32(), v_.f32(),
                       segments, h);
 }

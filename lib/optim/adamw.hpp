@@ -48,6 +48,10 @@ class AdamW {
   // The same for range i alone: step() is step_range over every range.
   void step_range(std::size_t i, float* params, ops::Act* weights, const float* grads, float lr,
                   float grad_scale, int64_t t, const float* control = nullptr);
+  // The updates read lr and the bias corrections of step t from backend memory, copied
+  // there (in the queue) from host memory this writes: a replay of a captured update
+  // (Ops::replay) needs only this, not step().
+  void stage_schedule(float lr, int64_t t);
 
   // First and second moments of the ranges' elements in backend memory, range after
   // range: range i's element x is moment moment_offset(i) + x - ranges()[i].first.
@@ -73,6 +77,8 @@ class AdamW {
   std::vector<Range> ranges_;
   std::vector<std::size_t> offsets_;  // prefix sums of the range sizes
   ops::Buffer m_, v_, master_;
+  ops::Buffer schedule_;                                      // {lr, 1/(1-b1^t), 1/(1-b2^t)}
+  std::unique_ptr<float, ops::Ops::FreeHost> staged_schedule_;  // its host copy (pinned on CUDA)
 };
 
 // The parts in [begin, end) of the gradient entries for which `counted` is true, in

@@ -266,9 +266,9 @@ void RankTrainer::log_start() const {
 // The schedule over the step's micro-batches, the gradient reduction and the update, all
 // queued on the backend; then the step's one wait on the device, for its loss, gradient
 // norm and timings. With train.cuda_graph the first step runs so (every allocation and
-// cuBLASLt plan made), the next is captured up to the update, and later steps replay
-// that graph: the host writes the micro-batches where its copies read them, launches
-// it, and queues the update, whose learning rate and step change.
+// cuBLASLt plan made), the next is captured whole, and later steps replay that graph:
+// the host writes the micro-batches and the update's learning rate and step where the
+// graph's copies read them, and launches it.
 RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const auto& par = cfg_.parallel;
   const int M = par.micro_batches, B = par.micro_batch_size, T = cfg_.model.seq_len;
@@ -299,7 +299,9 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   s_.comms.timeline->start_step(traced);  // time zero: where the executor's first mark goes
   const bool graphed = cfg_.train.cuda_graph && step > first_step_;
   if (cfg_.train.cuda_graph) s_.executor.fill_batches(fill);
-  std::size_t comm_begin = 0, comm_end = 0;
+  StepOutcome o;
+  o.lr = learning_rate(cfg_.train, step);
+  std::size_t comm_begin = 0, comm_end = 0, update_end = 0;
   const bool capture = graphed && !ops.replayable();  // the first, or memory was freed since
   if (!graphed || capture) {
     if (capture) ops.begin_capture();
@@ -308,16 +310,16 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
     comm_begin = ops.mark();
     sync_.finish(cfg_.train.grad_clip);
     comm_end = ops.mark();
+    sync_.update(opt_, float(o.lr), step + 1);
+    update_end = ops.mark();
     if (capture) {
       ops.end_capture();
       if (s_.logs()) spdlog::info("step {}: captured as a CUDA graph, replayed from now on", step + 1);
     }
+  } else {
+    opt_.stage_schedule(float(o.lr), step + 1);  // what the graph's update copies in
   }
   if (graphed) ops.replay();
-  StepOutcome o;
-  o.lr = learning_rate(cfg_.train, step);
-  sync_.update(opt_, float(o.lr), step + 1);
-  const std::size_t update_end = ops.mark();
   comm::World& world = s_.comms.world_for_model();
   ops.wait_queue([&] { world.check_progress(); });
   const std::vector<double> marks = ops.take_marks();

@@ -188,8 +188,14 @@ void adamw_run(float* __restrict p, const float* __restrict g_in, float* __restr
 
 void CpuOps::adamw_segments(float* params, Act* weights, const float* grads, float* exp_avg,
                             float* exp_avg_sq, const std::vector<AdamWSegment>& segments,
-                            const AdamWStep& h) {
-  if (h.control && h.control[1] == 0.0f) return;
+                            const AdamWStep& step) {
+  if (step.control && step.control[1] == 0.0f) return;
+  AdamWStep h = step;
+  if (step.schedule) {
+    h.lr = step.schedule[0];
+    h.inv_bias_correction1 = step.schedule[1];
+    h.inv_bias_correction2 = step.schedule[2];
+  }
   const float grad_scale = h.control ? h.control[0] : h.grad_scale;
   std::vector<std::size_t> first{0};  // where each segment starts among all the elements
   for (const AdamWSegment& s : segments) first.push_back(first.back() + s.n);

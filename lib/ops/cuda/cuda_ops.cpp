@@ -262,7 +262,8 @@ void CudaOps::adamw_segments(float* params, Act* weights, const float* grads, fl
     tensors.push_back({s.arena, s.param, s.state, s.n, s.weight_decay});
   launch_typed([](auto... args) { cuda::adamw(args...); }, params, weights, grads, m, v, tensors,
                h.lr, h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps,
-               h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale, h.control);
+               h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale, h.control,
+               h.schedule);
 }
 
 // ---- Entry points ----

@@ -152,7 +152,7 @@ template <typename T>
 void adamw(float* params, T* weights, const float* grads, float* m, float* v,
            const std::vector<AdamWTensor>& tensors, float lr, float beta1, float beta2,
            float one_minus_beta1, float one_minus_beta2, float eps, float inv_bc1, float inv_bc2,
-           float grad_scale, const float* control, cudaStream_t s);
+           float grad_scale, const float* control, const float* schedule, cudaStream_t s);
 // *out = the sum over the spans of x^2 in fp64, deterministic. `partials` holds at least
 // sum_squares_partials(spans) doubles of device memory.
 void sum_squares(double* out, const std::vector<SquaredArray>& spans, double* partials,

@@ -69,11 +69,12 @@ template <typename T>
 __global__ void adamw_kernel(float* __restrict__ params, T* weights,
                              const float* __restrict__ grads, float* __restrict__ m,
                              float* __restrict__ v, AdamWBatch batch, AdamWArgs h,
-                             const float* control) {
+                             const float* control, const float* schedule) {
   if (control != nullptr) {
     if (control[1] == 0.0f) return;
     h.grad_scale = control[0];
   }
+  if (schedule != nullptr) h.lr = schedule[0], h.inv_bc1 = schedule[1], h.inv_bc2 = schedule[2];
   int i = 0;
   while (blockIdx.x >= batch.blocks_through[i]) ++i;
   const unsigned first_block = i == 0 ? 0 : batch.blocks_through[i - 1];
@@ -171,7 +172,7 @@ template <typename T>
 void adamw(float* params, T* weights, const float* grads, float* m, float* v,
            const std::vector<AdamWTensor>& segments, float lr, float beta1, float beta2,
            float one_minus_beta1, float one_minus_beta2, float eps, float inv_bc1, float inv_bc2,
-           float grad_scale, const float* control, cudaStream_t s) {
+           float grad_scale, const float* control, const float* schedule, cudaStream_t s) {
   PPTRAIN_CHECK(params && grads && m && v, "adamw: null pointer");
   const AdamWArgs h{lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_bc1, inv_bc2,
                     grad_scale};
@@ -180,7 +181,8 @@ void adamw(float* params, T* weights, const float* grads, float* m, float* v,
   unsigned blocks = 0;
   auto launch = [&] {
     if (batch.count == 0) return;
-    adamw_kernel<T><<<blocks, kThreads, 0, s>>>(params, weights, grads, m, v, batch, h, control);
+    adamw_kernel<T><<<blocks, kThreads, 0, s>>>(params, weights, grads, m, v, batch, h, control,
+                                                 schedule);
     PPTRAIN_CUDA_CHECK_LAUNCH();
     batch = AdamWBatch{};
     blocks = 0;
@@ -248,7 +250,7 @@ void sum_squares(double* out, const std::vector<SquaredArray>& spans, double* pa
 #define PPTRAIN_INSTANTIATE(T)                                                              \
   template void adamw<T>(float*, T*, const float*, float*, float*,                          \
                          const std::vector<AdamWTensor>&, float, float, float, float, float,  \
-                         float, float, float, float, const float*, cudaStream_t);
+                         float, float, float, float, const float*, const float*, cudaStream_t);
 PPTRAIN_INSTANTIATE(float)
 PPTRAIN_INSTANTIATE(bf16)
 #undef PPTRAIN_INSTANTIATE

@@ -49,7 +49,7 @@ TYPED_TEST(EmulatedOptimizer, AdamWMatchesCpu) {
       kern::adamw<T>(dp.get(), with_weights ? dw.get() : nullptr, dg.get(), dm.get(), dv.get(),
                      tensors, h.lr, h.beta1, h.beta2, h.one_minus_beta1, h.one_minus_beta2, h.eps,
                      h.inv_bias_correction1, h.inv_bias_correction2, h.grad_scale, nullptr,
-                     nullptr);
+                     nullptr, nullptr);
       EXPECT_EQ(pptrain_emu::launch_count() - launches, 2u) << "a launch per 32 tensors";
       for (const kern::AdamWTensor& t : tensors) {
         h.weight_decay = t.weight_decay;
