@@ -276,7 +276,6 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   const std::int64_t waits_before = ops.host_waits() ? ops.host_waits()->count() : 0;
   const auto kernels_before = ops.kernel_counters();
   const auto t0 = Clock::now();
-  s_.model.zero_grads();
   // Sequence j of micro-batch mb on data-parallel rank d is the step's global sequence
   // (d * M + mb) * B + j: the step's batch does not depend on the layout.
   // A context-parallel rank takes its pieces of each sequence (s_.split).
