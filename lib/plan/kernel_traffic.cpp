@@ -178,4 +178,26 @@ LayerTraffic layer_traffic(const LayerShape& s) {
   return L;
 }
 
+LayerTraffic head_traffic(double B, double T, double C, double V, double Vp, bool llama,
+                          double e) {
+  const double N = B * T;
+  constexpr double kRowThreads = 512;
+  const double pack = 16 / e;  // the cross-entropy's loads: 16-byte packs (Vp is a multiple)
+  const double read_per_row = std::ceil(V / pack) * pack * e;
+  const Traffic cross_entropy =
+      kernel(N * (3 * read_per_row + kRowThreads * (4 + e)), N * (4 + Vp * e));
+  const Traffic add_mean = kernel(N * 4 + 8, 8);
+  LayerTraffic h;
+  h.forward.kernels =
+      (llama ? rmsnorm_forward(N, C, e) : layernorm_forward(N, C, e)) + cross_entropy + add_mean;
+  h.forward.products = product(N, Vp, C, e, e);
+  h.backward_input.kernels =
+      llama ? rmsnorm_backward_input(N, C, e) : layernorm_backward_input(N, C, e);
+  h.backward_input.products = product(N, C, Vp, e, e);
+  h.backward_weight.kernels =
+      llama ? rmsnorm_backward_weight(N, C, e) : layernorm_backward_weight(N, C, e);
+  h.backward_weight.products = product(Vp, C, N, e, 4, {.reads_c = true});
+  return h;
+}
+
 }  // namespace pptrain

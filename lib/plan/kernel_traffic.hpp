@@ -69,4 +69,11 @@ struct LayerTraffic {
 };
 LayerTraffic layer_traffic(const LayerShape& s);
 
+// The last stage's head on one rank (no tensor parallelism): the final LayerNorm, the
+// logits product, the cross-entropy with its gradient (one kernel a row: the row read
+// three times, each of its 512 threads reading the target and its logit) and the loss's
+// mean; in B the product into the input gradient and the norm's; in W the head's weight
+// gradient and the norm's (RMSNorm for llama). V real and Vp padded vocabulary columns.
+LayerTraffic head_traffic(double B, double T, double C, double V, double Vp, bool llama, double e);
+
 }  // namespace pptrain

@@ -40,6 +40,7 @@ struct Shape {
   // T: the whole sequence; Tl: the positions a context-parallel rank holds (T / cp), and
   // N = B * Tl the tokens it holds; rows: N, or N/t under SP.
   double B, T, Tl, cp, C, heads, t, V, N, rows, e;
+  double vocab;  // V is the padded vocabulary, vocab the real one
   double qkv, ffn;  // the q|k|v width (all heads) and the MLP's hidden width
   double kv_heads, hs;
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
@@ -209,10 +210,17 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   return c;
 }
 
-// The last virtual stage's final norm, head and vocab-parallel cross-entropy.
+// The last virtual stage's final norm, head and vocab-parallel cross-entropy. On one GPU
+// (no tp) the kernels are priced from what they move (kernel_traffic.hpp).
 StageCosts head_costs(const Shape& s) {
   const DeviceSpec& d = *s.dev;
   const double Vl = s.V / s.t, N = s.N, C = s.C, e = s.e;
+  if (!d.cpu && s.t == 1) {
+    const LayerTraffic h = head_traffic(s.B, s.Tl, C, s.vocab, s.V, s.gated, e);
+    return {gemm_seconds(d, N, Vl, C, e) + kernel_seconds(s, h.forward.kernels, 1),
+            gemm_seconds(d, N, C, Vl, e) + kernel_seconds(s, h.backward_input.kernels, 1),
+            gemm_seconds(d, Vl, C, N, e) + kernel_seconds(s, h.backward_weight.kernels, 1), 0};
+  }
   const double stats = s.t > 1 ? 2 * all_reduce_seconds(s.tp_link, N * 8, int(s.t)) : 0;
   StageCosts c{0, 0, 0, 0};
   c.forward = memory_seconds(s, 2 * s.rows * C * e + 3 * N * Vl * e, 5) +
@@ -268,6 +276,7 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.gated = m.arch == Arch::Llama;
   s.t = p.tp;
   s.V = padded_vocab(m, 128 * p.tp);
+  s.vocab = m.vocab_size;
   s.N = s.B * s.Tl;
   s.sp = p.sequence_parallel;
   s.rows = s.sp ? s.N / s.t : s.N;
