@@ -8,6 +8,10 @@
 namespace pptrain::ops {
 
 namespace {
+[[noreturn]] void no_graphs(const Ops& ops) {
+  throw std::logic_error(ops.name() + " cannot capture its work as a graph");
+}
+
 std::string mib(std::size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
@@ -50,9 +54,9 @@ void Ops::linear_backward_input(Act* dinp, const Act* dout, const Act* w, const 
   if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, std::size_t(N) * std::size_t(Cin));
 }
 
-void Ops::begin_capture() { throw std::logic_error(name() + " cannot capture its work as a graph"); }
-void Ops::end_capture() { begin_capture(); }
-void Ops::replay() { begin_capture(); }
+void Ops::begin_capture() { no_graphs(*this); }
+void Ops::end_capture() { no_graphs(*this); }
+void Ops::replay() { no_graphs(*this); }
 
 void Ops::linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N, int Cin,
                        int Cout) {

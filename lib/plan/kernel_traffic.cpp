@@ -12,7 +12,6 @@ namespace {
 constexpr double kTile = 64;        // flash attention's query and key tiles
 constexpr double kSumRows = 64;     // rows per chunk of a column sum (ops.hpp)
 constexpr double kWarp = 32;
-constexpr double kMmaFlops = 4096;  // m16n8k16: 2 * 16 * 8 * 16
 double chunks(double rows) { return std::ceil(rows / kSumRows); }
 
 Traffic kernel(double read, double written) {
@@ -123,7 +122,7 @@ Traffic product(double M, double N, double K, double a, double d, ProductEpilogu
   if (epi.aux_read) t.read += M * N * d;
   if (epi.aux_written) t.written += M * N * d;
   if (epi.bias_grad) t.written += N * 4;
-  t.mma = M * N * K / (kMmaFlops / 2);
+  t.mma = 2 * M * N * K / kMmaFlops;
   return t;
 }
 

@@ -8,6 +8,8 @@
 
 namespace pptrain {
 
+inline constexpr double kMmaFlops = 4096;  // one m16n8k16 instruction: 2 * 16 * 8 * 16
+
 struct Traffic {
   double launches = 0;
   double read = 0, written = 0;  // bytes

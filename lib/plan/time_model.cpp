@@ -62,7 +62,7 @@ double memory_seconds(const Shape& s, double bytes, int kernels) {
 double kernel_seconds(const Shape& s, const Traffic& t, double dim) {
   const DeviceSpec& d = *s.dev;
   const double eff = d.gemm_efficiency * dim / (dim + d.gemm_half_dim);
-  const double compute = t.mma * 4096 / (d.peak_tflops * 1e12 * eff);
+  const double compute = t.mma * kMmaFlops / (d.peak_tflops * 1e12 * eff);
   const double memory = t.bytes() / (d.hbm_gbps * 1e9 * d.memory_efficiency);
   return std::max(compute, memory) + t.launches * d.launch_us * 1e-6;
 }
@@ -99,7 +99,6 @@ double ring_block_seconds(const Shape& s) {
 // ring's cp steps, each after the first waiting for the larger of its block's attention
 // and the next block's transfer (RingAttention::forward).
 double attention_forward(const Shape& s) {
-  if (counted_attention(s)) return kernel_seconds(s, gpu_layer_traffic(s).forward.attention, s.hs);
   const double block = attention_block(s);
   if (s.cp == 1) return block;
   return block + (s.cp - 1) * std::max(block, ring_block_seconds(s));
@@ -110,8 +109,6 @@ double attention_forward(const Shape& s) {
 // (RingAttention::backward): the next block (not after the last step) and the held
 // block's gradient (not at the first); the last gradient, to its owner, is exposed.
 double attention_backward(const Shape& s) {
-  if (counted_attention(s))
-    return kernel_seconds(s, gpu_layer_traffic(s).backward_input.attention, s.hs);
   const double work = 2 * attention_block(s);
   if (s.cp == 1) return work;
   const double hop = ring_block_seconds(s);
@@ -168,6 +165,7 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   // (norms, activations, rope, bias gradients); on CPU ranks norms, residual adds and
   // biases on the held rows and the MLP's activation on N x Gl.
   double others[3];
+  double attention = 0, attention_back = 0;
   if (s.dev->cpu) {
     const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
     const double gelu = 2 * N * Gl * e;
@@ -179,8 +177,15 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
     int k = 0;
     for (const PassTraffic* pass : {&t.forward, &t.backward_input, &t.backward_weight})
       others[k++] = kernel_seconds(s, pass->kernels, 1);
+    if (counted_attention(s)) {
+      attention = kernel_seconds(s, t.forward.attention, s.hs);
+      attention_back = kernel_seconds(s, t.backward_input.attention, s.hs);
+    }
   }
-  const double attention = attention_forward(s);
+  if (!counted_attention(s)) {
+    attention = attention_forward(s);
+    attention_back = attention_backward(s);
+  }
   StageCosts c{0, 0, 0, 0};
   c.forward = gathered_gemm(s, Ql, C) + summed_gemm(s, Cl) + gathered_gemm(s, Gl, C) + summed_gemm(s, Fl) +
               attention + others[0];
@@ -190,7 +195,7 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   // Each half's input-gradient work after the product that reads the gathered output
   // gradient: the MLP's first GEMM; the attention core's backward and q|k|v's GEMM.
   const double b_mlp = gemm_seconds(d, N, C, Gl, e);
-  const double b_attention = attention_backward(s) + gemm_seconds(d, N, C, Ql, e);
+  const double b_attention = attention_back + gemm_seconds(d, N, C, Ql, e);
   c.backward_input = refwd + gathered_gemm(s, Fl, C) + b_mlp + gathered_gemm(s, Cl, C) + b_attention +
                      others[1] + tp_comm(s, 2, 0);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """train.cuda_graph on the emulated GPU: the step captured at step 2 and replayed after
 gives the same losses, gradient norms and validation losses, bit for bit, as the run
-without it, and runs the same kernels (kernel_launches) with one host wait a step; in
+without it, and runs the same kernels (kernel_launches) with one host wait a step, while
+the host launches none in the replayed steps: each of the STEPS - 2 replays spares the
+same launches (PPTRAIN_EMULATED_LAUNCH_COUNT, the kernels the host launched); in
 bf16 with the fused attention, in fp32 with the unfused one, and with two micro-batches
 and selective recomputation under another stream order. A layout of several ranks, or
 the CPU, is refused with exit code 2.
@@ -26,11 +28,13 @@ CASES = {
 KEYS = ["loss", "grad_norm", "val_loss", "kernel_launches", "device_syncs"]
 
 
-def run(binary, config, sets, metrics, seed="0"):
+def run(binary, config, sets, metrics, seed="0", launches=None):
     argv = [binary, "--config", config]
     for s in COMMON + sets + [f"logging.metrics={metrics}"]:
         argv += ["--set", s]
     env = dict(os.environ, PPTRAIN_EMULATED_GPUS="1", PPTRAIN_EMULATED_STREAM_SEED=seed)
+    if launches:
+        env["PPTRAIN_EMULATED_LAUNCH_COUNT"] = launches
     return subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
 
 
@@ -42,17 +46,25 @@ def main():
     os.makedirs(work)
     failures = []
     for i, (name, sets) in enumerate(CASES.items()):
-        records = {}
+        records, host_launches = {}, {}
         for graph in (False, True):
             metrics = os.path.join(work, f"{i}_{graph}.jsonl")
+            count = os.path.join(work, f"{i}_{graph}.launches")
             out = run(binary, config, sets + [f"train.cuda_graph={str(graph).lower()}"], metrics,
-                      seed=str(i))
+                      seed=str(i), launches=count)
             if out.returncode != 0:
                 sys.exit(f"{name}, cuda_graph {graph}: exit {out.returncode}\n{out.stderr[-3000:]}")
             if graph and "step 2: captured as a CUDA graph" not in out.stdout + out.stderr:
                 failures.append(f"{name}: no capture logged")
             with open(metrics) as f:
                 records[graph] = [json.loads(line) for line in f if line.strip()]
+            with open(count) as f:
+                host_launches[graph] = int(f.read().split()[-1])
+        # Every step launches the same kernels; the replayed ones launch none from the host.
+        spared = host_launches[False] - host_launches[True]
+        if spared <= 0 or spared % (STEPS - 2) != 0:
+            failures.append(f"{name}: {host_launches[False]} host launches without the graph, "
+                            f"{host_launches[True]} with it: not {STEPS - 2} steps' worth spared")
         plain, graphed = records[False], records[True]
         if len(plain) != STEPS or len(graphed) != STEPS:
             failures.append(f"{name}: {len(plain)} and {len(graphed)} records, not {STEPS}")
