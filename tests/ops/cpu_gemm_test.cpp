@@ -111,9 +111,11 @@ TEST(CpuGemm, EveryKernelFollowsTheDocumentedOrderBitForBit) {
   struct Shape {
     int M, N, K;
   };
-  // Partial strips and tiles, K of 0, 1 and across blocks; M < N and M >= N.
-  const Shape shapes[] = {{1, 1, 1}, {5, 7, 3}, {13, 33, 0}, {13, 33, 257},
-                          {37, 70, 600}, {70, 37, 513}, {3, 300, 40}, {300, 3, 40}};
+  // Partial strips and tiles (last strips of every count of lines from 1 to 15), K of 0,
+  // 1 and across blocks; M < N and M >= N.
+  const Shape shapes[] = {{1, 1, 1},     {5, 7, 3},     {13, 33, 0},  {13, 33, 257},
+                          {37, 70, 600}, {70, 37, 513}, {3, 300, 40}, {300, 3, 40},
+                          {23, 39, 40},  {39, 23, 41},  {28, 45, 17}, {45, 28, 19}};
   uint64_t seed = 100;
   for (const Shape& s : shapes)
     for (bool ta : {false, true})

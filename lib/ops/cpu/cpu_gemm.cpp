@@ -169,7 +169,13 @@ void pack_contiguous(const float* src, std::size_t ld, int lines, int kc, int wi
 }
 
 #if defined(__x86_64__)
+// Depths are often a page apart (ld of 1024 floats), where the hardware prefetcher stops:
+// contiguous packing fetches the depth this far on, every cache line of its lines.
 constexpr int kPrefetchAhead = 8;
+void prefetch_lines(const float* s, int lines) {
+  for (int r = 0; r < lines; r += 16) _mm_prefetch(reinterpret_cast<const char*>(s + r), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s + lines - 1), _MM_HINT_T0);  // s may be unaligned
+}
 
 // The same with masked AVX-512 moves, 16 lines at a time.
 __attribute__((target("avx512f"))) void pack_contiguous_avx512(const float* src, std::size_t ld,
@@ -179,28 +185,59 @@ __attribute__((target("avx512f"))) void pack_contiguous_avx512(const float* src,
   for (int k = 0; k < kc; ++k) {
     const float* s = src + k * ld;
     float* d = dst + std::size_t(k) * width;
-    // Depths are often a page apart (ld of 1024 floats), where the hardware prefetcher
-    // stops: fetch the depth kPrefetchAhead on, a line per 16 floats.
-    if (k + kPrefetchAhead < kc)
-      for (int r = 0; r < lines; r += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(s + kPrefetchAhead * ld + r), _MM_HINT_T0);
+    if (k + kPrefetchAhead < kc) prefetch_lines(s + kPrefetchAhead * ld, lines);
     for (int r = 0; r < width; r += 16)
       _mm512_mask_storeu_ps(d + r, mask(width - r), _mm512_maskz_loadu_ps(mask(lines - r), s + r));
   }
 }
 
-// Lines r0.. of a transposed strip in blocks of 8 lines by 8 depths, each an 8 x 8
-// transpose in AVX registers; returns the first line not packed (a multiple of 8).
+// The same with AVX and SSE moves (8 lines, then 4), the last lines one by one; nothing
+// is read past a depth's last line.
+__attribute__((target("avx"))) void pack_contiguous_avx(const float* src, std::size_t ld,
+                                                        int lines, int kc, int width, float* dst) {
+  for (int k = 0; k < kc; ++k) {
+    const float* s = src + k * ld;
+    float* d = dst + std::size_t(k) * width;
+    if (k + kPrefetchAhead < kc) prefetch_lines(s + kPrefetchAhead * ld, lines);
+    int r = 0;
+    for (; r + 8 <= lines; r += 8) _mm256_storeu_ps(d + r, _mm256_loadu_ps(s + r));
+    if (r + 4 <= lines) {
+      _mm_storeu_ps(d + r, _mm_loadu_ps(s + r));
+      r += 4;
+    }
+    if (r + 2 <= lines) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(d + r),
+                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + r)));
+      r += 2;
+    }
+    for (; r < lines; ++r) d[r] = s[r];
+    for (; r < width; ++r) d[r] = 0.0f;
+  }
+}
+
+// The first n (5 to 8) floats of v to d.
+__attribute__((target("avx"))) void store_first(float* d, __m256 v, int n) {
+  if (n == 8) return _mm256_storeu_ps(d, v);
+  _mm_storeu_ps(d, _mm256_castps256_ps128(v));
+  const __m128 high = _mm256_extractf128_ps(v, 1);
+  if (n == 5) return _mm_store_ss(d + 4, high);
+  _mm_storel_pi(reinterpret_cast<__m64*>(d + 4), high);
+  if (n == 7) _mm_store_ss(d + 6, _mm_movehl_ps(high, high));
+}
+
+// Lines of a transposed strip in blocks of up to 8 lines (at least 5) by 8 depths, each
+// an 8 x 8 transpose in AVX registers (a block's missing lines read its first line and
+// are not stored); returns the first line not packed.
 __attribute__((target("avx"))) int pack_transposed_by_8(const float* src, std::size_t ld,
                                                         int lines, int kc, int width,
                                                         float* dst) {
   int r0 = 0;
   const int k8 = kc / 8 * 8;
-  for (; r0 + 8 <= lines; r0 += 8) {
+  for (int n; (n = std::min(8, lines - r0)) >= 5; r0 += n) {
     const float* s = src + r0 * ld;
     for (int k = 0; k < k8; k += 8) {
       __m256 row[8];
-      for (int i = 0; i < 8; ++i) row[i] = _mm256_loadu_ps(s + i * ld + k);
+      for (int i = 0; i < 8; ++i) row[i] = _mm256_loadu_ps(s + (i < n ? i : 0) * ld + k);
       // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves: column
       // c of the block ends in row[c].
       __m256 t[8], u[8];
@@ -220,10 +257,10 @@ __attribute__((target("avx"))) int pack_transposed_by_8(const float* src, std::s
         row[c + 4] = _mm256_permute2f128_ps(u[c], u[c + 4], 0x31);
       }
       float* d = dst + std::size_t(k) * width + r0;
-      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(d + std::size_t(c) * width, row[c]);
+      for (int c = 0; c < 8; ++c) store_first(d + std::size_t(c) * width, row[c], n);
     }
     for (int k = k8; k < kc; ++k)
-      for (int i = 0; i < 8; ++i) dst[std::size_t(k) * width + r0 + i] = s[i * ld + k];
+      for (int i = 0; i < n; ++i) dst[std::size_t(k) * width + r0 + i] = s[i * ld + k];
   }
   return r0;
 }
@@ -268,6 +305,7 @@ void pack_strip(GemmKernel kernel, bool transposed, const float* src, std::size_
                                          kernel != GemmKernel::portable);
 #if defined(__x86_64__)
   if (kernel == GemmKernel::avx512) return pack_contiguous_avx512(src, ld, lines, kc, width, dst);
+  if (kernel == GemmKernel::avx2) return pack_contiguous_avx(src, ld, lines, kc, width, dst);
 #endif
   pack_contiguous(src, ld, lines, kc, width, dst);
 }
