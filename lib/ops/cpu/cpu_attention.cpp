@@ -1,14 +1,13 @@
 // CPU backend: causal self-attention with grouped key/value heads, forward and backward.
-// Each (batch, query head) runs as a few OpenBLAS GEMMs that read q, k and v in place
-// from qkv rows of W = C + 2*Ckv elements (leading dimension W) and write out[B,T,C]
-// (leading dimension C); query head h reads key/value head h / (NH/NKV).
+// Each (batch, query head) runs as a few single-thread GEMMs (cpu::gemm_serial) that read
+// q, k and v in place from qkv rows of W = C + 2*Ckv elements (leading dimension W) and
+// write out[B,T,C] (leading dimension C); query head h reads key/value head h / (NH/NKV).
 // Rows go in blocks of kAttentionRowBlock; a block only meets key columns up to its
 // last row, so most of the masked upper triangle is never computed. The forward splits
 // the (batch, query head) pairs over the OpenMP threads, the backward the (batch,
 // key/value head) pairs, each looping over its group's query heads in order (the GEMMs
 // inside run on one thread); each pair writes only its own outputs, so nothing depends
 // on the thread count.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -23,11 +22,11 @@ namespace pptrain::ops {
 
 namespace {
 
-// C[M,N] = alpha * op(A) @ op(B) + beta * C with explicit leading dimensions.
-void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-           const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, lda, B, ldb, beta, C, ldc);
+// C[M,N] = alpha * op(A) @ op(B) + beta * C with explicit leading dimensions, on this
+// thread with its workspace (cpu_gemm.hpp's order).
+void sgemm(cpu::GemmWorkspace& ws, bool ta, bool tb, int M, int N, int K, float alpha,
+           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  cpu::gemm_serial({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc}, ws);
 }
 
 // In place over row t of scores (columns [0, T)): softmax over [0, t], zeros after.
@@ -55,8 +54,10 @@ void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, 
   const AttentionLayout L = attention_layout(B, T, C, NH, NKV);
   const int hs = L.hs, W = L.W;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  cpu::GemmWorkspace* gemm = thread_gemm_workspaces();
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
+    cpu::GemmWorkspace& ws = gemm[omp_get_thread_num()];
     const int b = bh / NH, h = bh % NH;
     const float* rows = qkv + static_cast<std::size_t>(b) * T * W;
     const float* q = rows + static_cast<std::size_t>(h) * hs;
@@ -68,11 +69,11 @@ void CpuOps::attention_forward(float* out, float* att, const float* qkv, int B, 
       const int r1 = std::min(T, r0 + kAttentionRowBlock);
       float* a_rows = a + static_cast<std::size_t>(r0) * T;
       // scores[r0:r1, 0:r1] = scale * q[r0:r1] @ k[0:r1]^T
-      sgemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * W, W, k, W,
+      sgemm(ws, false, true, r1 - r0, r1, hs, scale, q + static_cast<std::size_t>(r0) * W, W, k, W,
             0.0f, a_rows, T);
       for (int t = r0; t < r1; ++t) causal_softmax_row(a + static_cast<std::size_t>(t) * T, t, T);
       // out[r0:r1] = att[r0:r1, 0:r1] @ v[0:r1]
-      sgemm(false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, W, 0.0f,
+      sgemm(ws, false, false, r1 - r0, hs, r1, 1.0f, a_rows, T, v, W, 0.0f,
             o + static_cast<std::size_t>(r0) * C, C);
     }
   }
@@ -86,8 +87,10 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
   // dpre[T,T], one per thread: gradient w.r.t. the scaled scores q k^T (before the softmax).
   const std::size_t TT = static_cast<std::size_t>(T) * T;
   float* dpre_all = float_scratch(TT * static_cast<std::size_t>(omp_get_max_threads()));
+  cpu::GemmWorkspace* gemm = thread_gemm_workspaces();
 #pragma omp parallel for schedule(static)
   for (int bkv = 0; bkv < B * NKV; ++bkv) {
+    cpu::GemmWorkspace& ws = gemm[omp_get_thread_num()];
     const int b = bkv / NKV, kvh = bkv % NKV;
     float* dpre = dpre_all + TT * static_cast<std::size_t>(omp_get_thread_num());
     const std::size_t rows = static_cast<std::size_t>(b) * T * W;
@@ -107,7 +110,7 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
         const int r1 = std::min(T, r0 + kAttentionRowBlock);
         float* p_rows = dpre + static_cast<std::size_t>(r0) * T;
         // datt[r0:r1, 0:r1] = dout[r0:r1] @ v[0:r1]^T
-        sgemm(false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, W,
+        sgemm(ws, false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, W,
               0.0f, p_rows, T);
         // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
         for (int t = r0; t < r1; ++t) {
@@ -118,7 +121,7 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
           std::fill(p + t + 1, p + T, 0.0f);
         }
         // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
-        sgemm(false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, W, 0.0f,
+        sgemm(ws, false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, W, 0.0f,
               dq + static_cast<std::size_t>(r0) * W, W);
       }
       // Key/value rows c0..c1 receive from query rows t >= c0 only (causality; dpre and
@@ -127,10 +130,10 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
       for (int c0 = 0; c0 < T; c0 += kAttentionRowBlock) {
         const int c1 = std::min(T, c0 + kAttentionRowBlock);
         const std::size_t diag = static_cast<std::size_t>(c0) * T + c0;
-        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
+        sgemm(ws, true, false, c1 - c0, hs, T - c0, 1.0f, dpre + diag, T,
               q + static_cast<std::size_t>(c0) * W, W, beta,
               dk + static_cast<std::size_t>(c0) * W, W);
-        sgemm(true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
+        sgemm(ws, true, false, c1 - c0, hs, T - c0, 1.0f, a + diag, T,
               d + static_cast<std::size_t>(c0) * C, C, beta,
               dv + static_cast<std::size_t>(c0) * W, W);
       }

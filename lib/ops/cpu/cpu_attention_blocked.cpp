@@ -10,7 +10,6 @@
 // (SeqChunk; the keys' rows may be k|v alone), causal by position in the whole sequence:
 // the steps of ring attention, where each context-parallel rank holds pieces of every
 // sequence. The whole-sequence forms are the case of one piece against itself.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -28,11 +27,6 @@ namespace {
 
 constexpr int R = kAttentionRowBlock;
 
-void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-           const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 // The pointers of one (batch, query head): q rows have stride W, k and v rows the key
 // piece's width (W, or 2 Ckv for k|v alone), out rows stride C.
@@ -63,22 +57,31 @@ int keys_end(const SeqChunk& q, int r1, const SeqChunk& kv) {
   return std::clamp(q.first + r1 - kv.first, 0, kv.len);
 }
 
-// Per-thread scratch of the blocked kernels: three R x R tiles and R x hs accumulators.
+// Per-thread scratch of the blocked kernels: three R x R tiles and R x hs accumulators,
+// and the thread's GEMM workspace.
 struct Tiles {
   float* s;   // scores, then probabilities
   float* dp;  // dout @ v^T, then the score gradient
   float* acc; // R x hs
+  cpu::GemmWorkspace* gemm;
+
+  // C = alpha op(A) op(B) + beta C on this thread (cpu_gemm.hpp's order).
+  void sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+             const float* B, int ldb, float beta, float* C, int ldc) const {
+    cpu::gemm_serial({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc}, *gemm);
+  }
 };
 
 // Runs body(i, tiles, extra) for i in [0, n) on the OpenMP threads; each thread's slice
 // of `scratch` (per_thread floats) holds its tiles and then `extra`, the rest of the slice.
 template <typename Body>
-void for_each_tiled(float* scratch, std::size_t per_thread, std::size_t tile_floats, int n,
-                    Body body) {
+void for_each_tiled(float* scratch, cpu::GemmWorkspace* gemm, std::size_t per_thread,
+                    std::size_t tile_floats, int n, Body body) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; ++i) {
-    float* base = scratch + per_thread * static_cast<std::size_t>(omp_get_thread_num());
-    body(i, Tiles{base, base + R * R, base + 2 * R * R}, base + tile_floats);
+    const int thread = omp_get_thread_num();
+    float* base = scratch + per_thread * static_cast<std::size_t>(thread);
+    body(i, Tiles{base, base + R * R, base + 2 * R * R, gemm + thread}, base + tile_floats);
   }
 }
 
@@ -106,7 +109,7 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const std::size_t per_thread = blocked_tile_floats(hs);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
-  for_each_tiled(scratch, per_thread, per_thread, B * NH,
+  for_each_tiled(scratch, thread_gemm_workspaces(), per_thread, per_thread, B * NH,
                  [&](int bh, const Tiles& t, float* /*extra*/) {
     const Head hd = head_of(q, kv, bh / NH, bh % NH, L);
     float* row_lse = lse + static_cast<std::size_t>(bh) * T;
@@ -120,7 +123,7 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
       std::fill(t.acc, t.acc + static_cast<std::size_t>(rows) * hs, 0.0f);
       for (int c0 = 0; c0 < c_end; c0 += R) {
         const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
-        sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
+        t.sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
               hd.k + static_cast<std::size_t>(c0) * Wk, Wk, 0.0f, t.s, R);
         for (int i = 0; i < rows; ++i) {
           float* s = t.s + static_cast<std::size_t>(i) * R;
@@ -137,7 +140,7 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
           for (int d = 0; d < hs; ++d) a[d] *= rescale;
         }
         // acc += p @ v[c0:c1]
-        sgemm(false, false, rows, hs, cols, 1.0f, t.s, R,
+        t.sgemm(false, false, rows, hs, cols, 1.0f, t.s, R,
               hd.v + static_cast<std::size_t>(c0) * Wk, Wk, 1.0f, t.acc, hs);
       }
       for (int i = 0; i < rows; ++i) {
@@ -188,7 +191,7 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
   const std::size_t per_thread = blocked_tile_floats(hs) + static_cast<std::size_t>(T);
   float* scratch = float_scratch(per_thread * static_cast<std::size_t>(omp_get_max_threads()));
   // extra: delta[t] = dout[t] . out[t] of the current query head
-  for_each_tiled(scratch, per_thread, blocked_tile_floats(hs), B * NKV,
+  for_each_tiled(scratch, thread_gemm_workspaces(), per_thread, blocked_tile_floats(hs), B * NKV,
                  [&](int bkv, const Tiles& t, float* delta) {
     const int b = bkv / NKV, kvh = bkv % NKV;
     const std::size_t base = static_cast<std::size_t>(b) * kv.len * Wk;  // batch b's first row
@@ -225,8 +228,8 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
           const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
           const std::size_t key_rows = static_cast<std::size_t>(c0) * Wk;
           // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
-          sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, Wk, 0.0f, t.s, R);
-          sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, Wk, 0.0f, t.dp, R);
+          t.sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, Wk, 0.0f, t.s, R);
+          t.sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, Wk, 0.0f, t.dp, R);
           for (int i = 0; i < rows; ++i) {
             float* p = t.s + static_cast<std::size_t>(i) * R;
             float* g = t.dp + static_cast<std::size_t>(i) * R;
@@ -241,10 +244,10 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
           }
           // dq[r0:r1] += g @ k[c0:c1]; dk[c0:c1] += g^T @ q[r0:r1];
           // dv[c0:c1] += p^T @ dout[r0:r1]
-          sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, Wk, 1.0f,
+          t.sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, Wk, 1.0f,
                 dq + static_cast<std::size_t>(r0) * W, W);
-          sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, q_rows, W, 1.0f, dk + key_rows, Wk);
-          sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_rows, C, 1.0f, dv + key_rows, Wk);
+          t.sgemm(true, false, cols, hs, rows, 1.0f, t.dp, R, q_rows, W, 1.0f, dk + key_rows, Wk);
+          t.sgemm(true, false, cols, hs, rows, 1.0f, t.s, R, d_rows, C, 1.0f, dv + key_rows, Wk);
         }
       }
     }

@@ -191,10 +191,32 @@ __attribute__((target("avx512f"))) void pack_contiguous_avx512(const float* src,
   }
 }
 
+// Copies the n (6 or 16: the AVX2 kernel's strips) floats of s to d.
+__attribute__((target("avx"))) inline void copy_strip_line(const float* s, float* d, int n) {
+  if (n == 16) {
+    _mm256_storeu_ps(d, _mm256_loadu_ps(s));
+    _mm256_storeu_ps(d + 8, _mm256_loadu_ps(s + 8));
+  } else {
+    _mm_storeu_ps(d, _mm_loadu_ps(s));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(d + 4),
+                     _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 4)));
+  }
+}
+
 // The same with AVX and SSE moves (8 lines, then 4), the last lines one by one; nothing
-// is read past a depth's last line.
+// is read past a depth's last line. Full strips of the AVX2 kernel's widths take a
+// loop of their own (small products in attention pack many short strips).
 __attribute__((target("avx"))) void pack_contiguous_avx(const float* src, std::size_t ld,
                                                         int lines, int kc, int width, float* dst) {
+  if (lines == width && (width == 16 || width == 6)) {
+    int k = 0;
+    for (; k + kPrefetchAhead < kc; ++k, dst += width) {
+      prefetch_lines(src + (k + kPrefetchAhead) * ld, lines);
+      copy_strip_line(src + k * ld, dst, width);
+    }
+    for (; k < kc; ++k, dst += width) copy_strip_line(src + k * ld, dst, width);
+    return;
+  }
   for (int k = 0; k < kc; ++k) {
     const float* s = src + k * ld;
     float* d = dst + std::size_t(k) * width;
@@ -429,14 +451,38 @@ void wait_until(const std::atomic<int>& done, int value) {
   }
 }
 
+// Checks the arguments; false when there is nothing to compute.
+bool gemm_has_work(const GemmArgs& g, GemmKernel kernel) {
+  PPTRAIN_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
+  if (g.M == 0 || g.N == 0) return false;
+  PPTRAIN_CHECK(cpu_runs(kernel), std::string("gemm: this CPU cannot run the ") +
+                                     gemm_kernel_name(kernel) + " kernel");
+  return true;
+}
+
 }  // namespace
+
+void gemm_serial(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel) {
+  if (!gemm_has_work(g, kernel)) return;
+  const KernelShape ks = kernel_shape(kernel);
+  const int kc_max = std::min(std::max(g.K, 1), kKc);
+  float* b = ws.packed_whole(std::size_t(round_up(g.N, ks.nr)) * kc_max);
+  float* a = ws.packed_parts(std::size_t(round_up(std::min(g.M, kMcMax), ks.mr)) * kc_max);
+  // Each K block reaches all of C before the next: every element's blocks in order.
+  for (int k0 = 0; k0 < std::max(g.K, 1); k0 += kKc) {
+    const int kc = std::min(kKc, g.K - k0);
+    pack_b(g, kernel, 0, g.N, k0, kc, ks.nr, b);
+    for (int i0 = 0; i0 < g.M; i0 += kMcMax) {
+      const int m = std::min(kMcMax, g.M - i0);
+      pack_a(g, kernel, i0, m, k0, kc, ks.mr, a);
+      run_tile(g, ks, kc, a, b, i0, 0, m, g.N, k0 == 0 ? g.beta : 1.0f);
+    }
+  }
+}
 
 void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTileHook& before_tile,
           const GemmTileHook& after_tile) {
-  PPTRAIN_CHECK(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
-  if (g.M == 0 || g.N == 0) return;
-  PPTRAIN_CHECK(cpu_runs(kernel), std::string("gemm: this CPU cannot run the ") +
-                                     gemm_kernel_name(kernel) + " kernel");
+  if (!gemm_has_work(g, kernel)) return;
   const KernelShape ks = kernel_shape(kernel);
   const int threads = omp_get_max_threads();
   const int target = kItemsPerThread * threads;

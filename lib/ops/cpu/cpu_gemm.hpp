@@ -67,4 +67,8 @@ struct GemmArgs {
 void gemm(const GemmArgs& args, GemmWorkspace& ws, GemmKernel kernel = best_gemm_kernel(),
           const GemmTileHook& before_tile = {}, const GemmTileHook& after_tile = {});
 
+// The same product, in the same order (so the same bits), on the calling thread alone:
+// for small products inside a parallel region, each thread with its own workspace.
+void gemm_serial(const GemmArgs& args, GemmWorkspace& ws, GemmKernel kernel = best_gemm_kernel());
+
 }  // namespace pptrain::ops::cpu

@@ -29,6 +29,12 @@ float* CpuOps::float_scratch(std::size_t n) {
   return fscratch_.data();
 }
 
+cpu::GemmWorkspace* CpuOps::thread_gemm_workspaces() {
+  const auto threads = static_cast<std::size_t>(omp_get_max_threads());
+  if (thread_gemm_workspaces_.size() < threads) thread_gemm_workspaces_.resize(threads);
+  return thread_gemm_workspaces_.data();
+}
+
 float* CpuOps::thread_rows(int width) {
   return float_scratch(static_cast<std::size_t>(width) *
                        static_cast<std::size_t>(omp_get_max_threads()));

@@ -393,10 +393,12 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   float* float_scratch(std::size_t n);
   float* thread_rows(int width);  // scratch: one row of `width` floats per OpenMP thread
   double* double_scratch(std::size_t n);
+  cpu::GemmWorkspace* thread_gemm_workspaces();  // one per OpenMP thread, for gemm_serial
 
   std::vector<float> fscratch_;
   std::vector<double> dscratch_;
   cpu::GemmWorkspace gemm_workspace_;
+  std::vector<cpu::GemmWorkspace> thread_gemm_workspaces_;
   cpu::GemmKernel gemm_kernel_ = cpu::best_gemm_kernel();
   int threads_;
   bool blocked_attention_;
