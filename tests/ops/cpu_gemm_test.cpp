@@ -1,8 +1,9 @@
 // The CPU backend's own GEMM (ops/cpu/cpu_gemm.hpp) against the summation order its header
 // promises, bit for bit: every micro-kernel this CPU runs, every transpose, padded leading
 // dimensions, shapes that leave partial tiles, strips and K blocks, both ways of sharing
-// operands, several groups of K blocks, and 1 to 3 threads. Equal bits to a scalar loop of
-// std::fma (correctly rounded on every machine) mean equal bits on every machine.
+// operands, several groups of K blocks, 1 to 3 threads, and gemm_serial. Equal bits to a
+// scalar loop of std::fma (correctly rounded on every machine) mean equal bits on every
+// machine.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -82,6 +83,16 @@ std::vector<float> run(const Problem& p, const Operands& o, GemmKernel kernel, i
   return C;
 }
 
+// gemm_serial: the calling thread alone.
+std::vector<float> run_serial(const Problem& p, const Operands& o, GemmKernel kernel) {
+  std::vector<float> C = o.C0;
+  GemmWorkspace ws;
+  gemm_serial({p.ta, p.tb, p.M, p.N, p.K, p.alpha, o.A.data(), o.lda, o.B.data(), o.ldb, p.beta,
+               C.data(), o.ldc},
+              ws, kernel);
+  return C;
+}
+
 // Bit equality, padding included (it must be untouched), NaN compared as bits.
 void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,
                       const std::string& what) {
@@ -124,9 +135,11 @@ TEST(CpuGemm, EveryKernelFollowsTheDocumentedOrderBitForBit) {
           const Problem p{s.M, s.N, s.K, ta, tb, 0.5f, beta, (s.M + s.N) % 2 ? 3 : 0};
           const Operands o = operands(p, seed += 3);
           const std::vector<float> want = reference(p, o);
-          for (GemmKernel kernel : kernels_here())
+          for (GemmKernel kernel : kernels_here()) {
             for (int threads : {1, 2, 3})
               expect_same_bits(run(p, o, kernel, threads), want, describe(p, kernel, threads));
+            expect_same_bits(run_serial(p, o, kernel), want, describe(p, kernel, 1) + " serial");
+          }
         }
 }
 
