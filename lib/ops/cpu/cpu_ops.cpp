@@ -1,10 +1,9 @@
 // CPU backend: construction, GEMM (cpu_gemm.hpp), bias, embedding and elementwise ops.
-// Loops run on OpenMP threads (the pool OpenBLAS uses too). Each output element is
+// Loops run on OpenMP threads. Each output element is
 // computed by one thread in a fixed order, so no result depends on the thread count;
 // GEMMs too (cpu_gemm.hpp).
 #include "ops/cpu/cpu_ops.hpp"
 
-#include <cblas.h>  // openblas_set_num_threads: attention's per-head GEMMs
 #include <omp.h>
 
 #include <algorithm>
@@ -18,10 +17,7 @@ namespace pptrain::ops {
 
 CpuOps::CpuOps(int threads, bool blocked_attention)
     : threads_(threads), blocked_attention_(blocked_attention) {
-  if (threads > 0) {
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
-  }
+  if (threads > 0) omp_set_num_threads(threads);
 }
 
 float* CpuOps::float_scratch(std::size_t n) {
