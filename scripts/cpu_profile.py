@@ -22,8 +22,8 @@ import bench  # noqa: E402
 
 # (shape name as in bench.SHAPES, steps, milliseconds of start-up not sampled)
 RUNS = [("small (4L d256 T256 B8)", 30, 400),
-        ("GPT-2 124M (T64 B4)", 10, 3000),
-        ("GPT-2 124M (T1024 B1)", 8, 3000)]
+        ("GPT-2 124M (T64 B4)", 12, 5000),
+        ("GPT-2 124M (T1024 B1)", 8, 5000)]
 
 CATEGORIES = [
     ("GEMM micro-kernels", r"avx512_kernel|avx2_kernel|portable_kernel|sgemm_(small_)?kernel"),

@@ -247,6 +247,23 @@ __attribute__((target("avx"))) void store_first(float* d, __m256 v, int n) {
   if (n == 7) _mm_store_ss(d + 6, _mm_movehl_ps(high, high));
 }
 
+// All the strips of `count` lines at once, each depth's lines adjacent in memory (the
+// AVX2 kernel's widths): depth by depth, so that each depth's lines are read in one pass
+// from left to right rather than a strip's width at a time.
+__attribute__((target("avx"))) void pack_depths_avx(const float* src, std::size_t ld, int count,
+                                                    int kc, int width, float* dst) {
+  const std::size_t strip = std::size_t(width) * kc;
+  for (int k = 0; k < kc; ++k) {
+    const float* s = src + k * ld;
+    if (k + kPrefetchAhead < kc) prefetch_lines(s + kPrefetchAhead * ld, count);
+    float* d = dst + std::size_t(k) * width;
+    int r = 0;
+    for (; r + width <= count; r += width, d += strip) copy_strip_line(s + r, d, width);
+    if (r == count) continue;
+    for (int i = 0; i < width; ++i) d[i] = r + i < count ? s[r + i] : 0.0f;
+  }
+}
+
 // Lines of a transposed strip in blocks of up to 8 lines (at least 5) by 8 depths, each
 // an 8 x 8 transpose in AVX registers (a block's missing lines read its first line and
 // are not stored); returns the first line not packed.
@@ -339,6 +356,10 @@ void pack_strip(GemmKernel kernel, bool transposed, const float* src, std::size_
 void pack_lines(GemmKernel kernel, const float* p, int ld, bool lines_contiguous, int total,
                 int first, int count, int k0, int kc, int width, float* dst) {
   count = std::min(count, total - first);
+#if defined(__x86_64__)
+  if (!lines_contiguous && kernel == GemmKernel::avx2)
+    return pack_depths_avx(p + std::size_t(k0) * ld + first, ld, count, kc, width, dst);
+#endif
   for (int s = 0; s < count; s += width, dst += std::size_t(width) * kc) {
     const int r = first + s, lines = std::min(width, count - s);
     const float* src = lines_contiguous ? p + std::size_t(r) * ld + k0
