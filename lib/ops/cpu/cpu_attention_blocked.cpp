@@ -27,7 +27,6 @@ namespace {
 
 constexpr int R = kAttentionRowBlock;
 
-
 // The pointers of one (batch, query head): q rows have stride W, k and v rows the key
 // piece's width (W, or 2 Ckv for k|v alone), out rows stride C.
 struct Head {

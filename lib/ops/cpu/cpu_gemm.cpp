@@ -173,7 +173,8 @@ void pack_contiguous(const float* src, std::size_t ld, int lines, int kc, int wi
 // contiguous packing fetches the depth this far on, every cache line of its lines.
 constexpr int kPrefetchAhead = 8;
 void prefetch_lines(const float* s, int lines) {
-  for (int r = 0; r < lines; r += 16) _mm_prefetch(reinterpret_cast<const char*>(s + r), _MM_HINT_T0);
+  for (int r = 0; r < lines; r += 16)
+    _mm_prefetch(reinterpret_cast<const char*>(s + r), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(s + lines - 1), _MM_HINT_T0);  // s may be unaligned
 }
 
@@ -200,40 +201,6 @@ __attribute__((target("avx"))) inline void copy_strip_line(const float* s, float
     _mm_storeu_ps(d, _mm_loadu_ps(s));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(d + 4),
                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 4)));
-  }
-}
-
-// The same with AVX and SSE moves (8 lines, then 4), the last lines one by one; nothing
-// is read past a depth's last line. Full strips of the AVX2 kernel's widths take a
-// loop of their own (small products in attention pack many short strips).
-__attribute__((target("avx"))) void pack_contiguous_avx(const float* src, std::size_t ld,
-                                                        int lines, int kc, int width, float* dst) {
-  if (lines == width && (width == 16 || width == 6)) {
-    int k = 0;
-    for (; k + kPrefetchAhead < kc; ++k, dst += width) {
-      prefetch_lines(src + (k + kPrefetchAhead) * ld, lines);
-      copy_strip_line(src + k * ld, dst, width);
-    }
-    for (; k < kc; ++k, dst += width) copy_strip_line(src + k * ld, dst, width);
-    return;
-  }
-  for (int k = 0; k < kc; ++k) {
-    const float* s = src + k * ld;
-    float* d = dst + std::size_t(k) * width;
-    if (k + kPrefetchAhead < kc) prefetch_lines(s + kPrefetchAhead * ld, lines);
-    int r = 0;
-    for (; r + 8 <= lines; r += 8) _mm256_storeu_ps(d + r, _mm256_loadu_ps(s + r));
-    if (r + 4 <= lines) {
-      _mm_storeu_ps(d + r, _mm_loadu_ps(s + r));
-      r += 4;
-    }
-    if (r + 2 <= lines) {
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(d + r),
-                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + r)));
-      r += 2;
-    }
-    for (; r < lines; ++r) d[r] = s[r];
-    for (; r < width; ++r) d[r] = 0.0f;
   }
 }
 
@@ -344,7 +311,6 @@ void pack_strip(GemmKernel kernel, bool transposed, const float* src, std::size_
                                          kernel != GemmKernel::portable);
 #if defined(__x86_64__)
   if (kernel == GemmKernel::avx512) return pack_contiguous_avx512(src, ld, lines, kc, width, dst);
-  if (kernel == GemmKernel::avx2) return pack_contiguous_avx(src, ld, lines, kc, width, dst);
 #endif
   pack_contiguous(src, ld, lines, kc, width, dst);
 }
