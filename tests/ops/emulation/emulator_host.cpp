@@ -59,6 +59,12 @@ const char* error_string(cudaError_t e) {
       return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated:
       return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge:
+      return "operation would have resulted in a merge of two independent captures";
+    case cudaErrorStreamCaptureUnmatched:
+      return "the capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined:
+      return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation:
       return "dependency created on uncaptured work in another stream";
     case cudaErrorStreamCaptureImplicit:

@@ -244,6 +244,9 @@ using pptrain_emu::cudaErrorCapturedEvent;
 using pptrain_emu::cudaErrorStreamCaptureImplicit;
 using pptrain_emu::cudaErrorStreamCaptureInvalidated;
 using pptrain_emu::cudaErrorStreamCaptureIsolation;
+using pptrain_emu::cudaErrorStreamCaptureMerge;
+using pptrain_emu::cudaErrorStreamCaptureUnjoined;
+using pptrain_emu::cudaErrorStreamCaptureUnmatched;
 using pptrain_emu::cudaErrorStreamCaptureUnsupported;
 static inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   return pptrain_emu::stream_begin_capture(s, mode);

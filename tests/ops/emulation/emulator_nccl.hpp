@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,8 +156,11 @@ struct CollArgs {
 std::unique_ptr<Op> make_collective(std::shared_ptr<Comm> comm, const CollArgs& args);
 
 // ---- groups and work items (emulator_nccl_group.cpp) ----
-// Queues op on stream, or keeps it for the open group's ncclGroupEnd.
-ncclResult_t submit(cudaStream_t stream, std::unique_ptr<Op> op);
+// Makes an operation (taking its sequence numbers): once when it is queued, or at each
+// launch of the graph that captured it.
+using OpMaker = std::function<std::unique_ptr<Op>()>;
+// Queues the operation on stream, or keeps it for the open group's ncclGroupEnd.
+ncclResult_t submit(cudaStream_t stream, OpMaker make);
 // fail(), and inside a group the group fails too (ncclGroupEnd returns the error).
 ncclResult_t refuse(ncclResult_t rc, const std::string& text);
 

@@ -111,7 +111,7 @@ ncclResult_t collective(ncclComm_t handle, const CollArgs& a, cudaStream_t strea
           check_overlap(c, name, a.send, send_bytes, a.recv, recv_bytes, in_place, form);
       rc != ncclSuccess)
     return rc;
-  return submit(stream, make_collective(comm, a));
+  return submit(stream, [comm, a] { return make_collective(comm, a); });
 }
 
 }  // namespace
@@ -167,8 +167,10 @@ ncclResult_t point_to_point(const char* call, const void* buf, std::size_t count
                                            count * type_size(type));
       rc != ncclSuccess)
     return rc;
-  return submit(stream, is_send ? make_send(comm, buf, count, type, peer)
-                                : make_recv(comm, const_cast<void*>(buf), count, type, peer));
+  return submit(stream, [comm, buf, count, type, peer, is_send] {
+    return is_send ? make_send(comm, buf, count, type, peer)
+                   : make_recv(comm, const_cast<void*>(buf), count, type, peer);
+  });
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // starts once every one of those streams has reached it and each stream waits until it
 // completes. Its operations are posted together and then progress together; outside a
 // group each call is its own item. An operation of an aborted or destroyed communicator
-// finishes at once, without touching memory.
+// finishes at once, without touching memory. On streams that capture a graph the group
+// (or call) is recorded instead, and each launch of the graph makes its operations again,
+// in the order they were issued, and runs them as such a batch.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -36,6 +38,7 @@ class Batch {
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
+  const std::string& first_what() const { return ops_.front()->what(); }
   // Every stream's earlier work is done (streams that run each item as it is queued).
   void all_arrived() { arrived_.assign(arrived_.size(), true); }
 
@@ -79,7 +82,7 @@ class Batch {
 
 struct Issued {
   cudaStream_t stream;
-  std::unique_ptr<Op> op;
+  OpMaker make;
 };
 struct GroupState {
   int depth = 0;
@@ -92,47 +95,78 @@ GroupState& group() {
   return g;
 }
 
-// Queues the operations, each issued on the stream of the same index, as one batch.
-void queue(const std::vector<cudaStream_t>& on, std::vector<std::unique_ptr<Op>> ops) {
-  std::vector<cudaStream_t> streams;  // in order of first use
-  std::vector<std::size_t> stream_of;
-  for (cudaStream_t s : on) {
-    auto it = std::find(streams.begin(), streams.end(), s);
-    if (it == streams.end()) it = streams.insert(it, s);
-    stream_of.push_back(std::size_t(it - streams.begin()));
-  }
-  std::string what = ops[0]->what();
-  if (ops.size() > 1)
-    what = "NCCL group of " + std::to_string(ops.size()) + " operations (" + what + ", ...)" +
-           (streams.size() > 1 ? " on " + std::to_string(streams.size()) + " streams" : "");
-  auto batch = std::make_shared<Batch>(std::move(ops), std::move(stream_of), streams.size());
-  if (stream_schedule() == "sync") batch->all_arrived();
-  enqueue_together(streams, what, [&batch](std::size_t k) -> Work {
-    return [batch, k] { return batch->run(k); };
-  });
+// The streams of `on` in order of first use.
+std::vector<cudaStream_t> distinct(const std::vector<cudaStream_t>& on) {
+  std::vector<cudaStream_t> streams;
+  for (cudaStream_t s : on)
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  return streams;
 }
 
-// NCCL operations in a captured graph are not modelled: each is a one-time exchange with
-// its peers (emulator_nccl_core.cpp), which a replay would not repeat.
+// The batch of the operations made by `makers`, each issued on the stream of the same
+// index of `on`.
+std::shared_ptr<Batch> make_batch(const std::vector<cudaStream_t>& on,
+                                  const std::vector<OpMaker>& makers) {
+  const std::vector<cudaStream_t> streams = distinct(on);
+  std::vector<std::size_t> stream_of;
+  for (cudaStream_t s : on)
+    stream_of.push_back(std::size_t(std::find(streams.begin(), streams.end(), s) - streams.begin()));
+  std::vector<std::unique_ptr<Op>> ops;
+  for (const OpMaker& make : makers) ops.push_back(make());
+  auto batch = std::make_shared<Batch>(std::move(ops), std::move(stream_of), streams.size());
+  if (stream_schedule() == "sync") batch->all_arrived();
+  return batch;
+}
+
+std::string describe(std::size_t ops, std::size_t streams, const std::string& first) {
+  if (ops == 1) return first;
+  return "NCCL group of " + std::to_string(ops) + " operations (" + first + ", ...)" +
+         (streams > 1 ? " on " + std::to_string(streams) + " streams" : "");
+}
+
 bool captures(cudaStream_t s) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(s, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
 }
-const char* const kCaptured = "an NCCL operation on a capturing stream (the emulator does not "
-                              "replay NCCL operations in graphs)";
+
+// Queues the operations, each issued on the stream of the same index, as one batch. On
+// streams that capture a graph they are recorded instead, and each launch makes them
+// again (the first of the batch's nodes that a launch reaches makes the batch).
+ncclResult_t queue(const std::vector<cudaStream_t>& on, std::vector<OpMaker> makers) {
+  const std::vector<cudaStream_t> streams = distinct(on);
+  const auto capturing = std::size_t(std::count_if(streams.begin(), streams.end(), captures));
+  if (capturing == 0) {
+    const auto batch = make_batch(on, makers);
+    enqueue_together(streams, describe(makers.size(), streams.size(), batch->first_what()),
+                     [&batch](std::size_t k) -> Work { return [batch, k] { return batch->run(k); }; });
+    return ncclSuccess;
+  }
+  struct PerLaunch {
+    std::uint64_t launch = 0;  // launches count from 1
+    std::shared_ptr<Batch> batch;
+  };
+  auto made = std::make_shared<PerLaunch>();
+  auto recipe_of = [on, makers, made](std::size_t k) -> WorkRecipe {
+    return [on, makers, made, k](std::uint64_t launch) -> Work {
+      if (made->launch != launch) *made = {launch, make_batch(on, makers)};
+      return [batch = made->batch, k] { return batch->run(k); };
+    };
+  };
+  const std::string what = describe(makers.size(), streams.size(), "a captured NCCL operation");
+  if (capturing != streams.size() || !capture_together(streams, what, recipe_of))
+    return fail(ncclInvalidUsage, "NCCL operations on streams of which some capture a graph "
+                                  "and some do not, or that capture different graphs");
+  return ncclSuccess;
+}
 
 }  // namespace
 
-ncclResult_t submit(cudaStream_t stream, std::unique_ptr<Op> op) {
-  if (captures(stream)) return refuse(ncclInvalidUsage, kCaptured);
+ncclResult_t submit(cudaStream_t stream, OpMaker make) {
   if (group().depth > 0) {
-    group().issued.push_back({stream, std::move(op)});
+    group().issued.push_back({stream, std::move(make)});
     return ncclSuccess;
   }
-  std::vector<std::unique_ptr<Op>> ops;
-  ops.push_back(std::move(op));
-  queue({stream}, std::move(ops));
-  return ncclSuccess;
+  return queue({stream}, {std::move(make)});
 }
 
 // A failed call inside a group fails the group too.
@@ -168,14 +202,13 @@ ncclResult_t ncclGroupEnd() {
   }
   if (issued.empty()) return ncclSuccess;
   std::vector<cudaStream_t> streams;
-  std::vector<std::unique_ptr<Op>> ops;
-  for (const Issued& i : issued)
-    if (captures(i.stream)) return fail(ncclInvalidUsage, std::string("ncclGroupEnd: ") + kCaptured);
+  std::vector<OpMaker> makers;
   for (Issued& i : issued) {
     streams.push_back(i.stream);
-    ops.push_back(std::move(i.op));
+    makers.push_back(std::move(i.make));
   }
-  queue(streams, std::move(ops));
+  if (const ncclResult_t rc = queue(streams, std::move(makers)); rc != ncclSuccess)
+    return fail(rc, std::string("ncclGroupEnd: ") + last_error_text());
   return ncclSuccess;
 }
 

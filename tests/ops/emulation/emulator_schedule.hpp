@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,9 +36,20 @@ struct Item {
 };
 
 // A stream capture in progress (emulator_graphs.cpp): what is queued on the capturing
-// stream is recorded here, not run.
+// streams is recorded here as the nodes of a graph, not run. Lane 0 is the stream that
+// began the capture; another stream joins it, as a lane of its own, by waiting for an
+// event recorded in it. A node depends on what its stream had reached when it was queued
+// (its lane's tail), and its work is made anew for each launch (work_for).
+struct Node {
+  std::string what;
+  std::function<Work(std::uint64_t launch)> work_for;
+  std::size_t lane = 0;
+  std::vector<std::size_t> deps;  // earlier nodes
+};
 struct Capture {
-  std::vector<std::pair<std::string, Work>> items;
+  std::vector<Node> nodes;
+  std::size_t lanes = 1;
+  bool ended = false;
   std::string invalidated;  // the call capture does not allow, once one was made
 };
 
@@ -52,6 +64,8 @@ struct Queue {
   std::uint64_t pushed = 0, completed = 0;
   races::ClockRef last_clock;  // the clock of item `pushed`
   std::shared_ptr<Capture> capture;  // while the stream captures
+  std::size_t capture_lane = 0;
+  std::vector<std::size_t> capture_tail;  // the nodes its next node will depend on
   std::string name() const;
 };
 
@@ -67,8 +81,10 @@ struct Stream {
 struct Event {
   int device = 0;
   sched::Mark last;  // no queue until the first cudaEventRecord
-  // The capture its last record was made in (that record is not a point of any queue).
-  std::shared_ptr<const sched::Capture> captured;
+  // The capture its last record was made in (that record is not a point of any queue)
+  // and the nodes the record follows.
+  std::shared_ptr<sched::Capture> captured;
+  std::vector<std::size_t> captured_tail;
 };
 }  // namespace pptrain_emu
 
@@ -94,11 +110,19 @@ bool remove_event(Event* e);
 // its completion. With the "sync" schedule the item runs before submit returns.
 Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q, std::string what,
             Work work, std::vector<Mark> after = {});
+// Records a node of q's capture on q's lane after `deps`, makes it q's tail and returns
+// its index.
+std::size_t capture_node(Queue& q, std::string what, std::function<Work(std::uint64_t)> work_for,
+                         std::vector<std::size_t> deps);
+// The queue's handle is gone: it is dropped once its work has run.
+void retire(const std::shared_ptr<Queue>& q);
 // Whether a stream of `device` captures; a capturing queue's captures ends invalidated
 // with `why` (a call capture does not allow was made).
 bool capturing_on(int device);
 void invalidate_captures(int device, const std::string& why);
 void invalidate(Queue& q, const std::string& why);
+// The capture ends: every stream in it stops capturing.
+void end_capture(Capture& capture);
 // The mark of q's last queued item.
 Mark end_of(const std::shared_ptr<Queue>& q);
 // The end of every queue of `device` (its pending work, destroyed streams' included).

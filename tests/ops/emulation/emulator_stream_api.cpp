@@ -3,6 +3,7 @@
 // stream's queued work still runs; an event's records and the waits on them outlive it),
 // records and waits as queue items, and the synchronisations and queries that make work
 // due. Handles are checked on every use.
+#include <algorithm>
 #include <string>
 
 #include "cuda_emulator.hpp"
@@ -71,15 +72,28 @@ cudaError_t stream_wait_event(Stream* s, Event* e) {
   auto held = sched::lock();
   const auto q = sched::queue_of(s);
   if (!q || !sched::live_event(e)) return cudaErrorInvalidResourceHandle;
-  // A capture records one stream's work in order: a wait inside it for its own record
-  // orders nothing more; a wait for work outside it, or another stream's wait joining it,
-  // is a multi-stream capture, which the emulator does not model.
+  // Inside a capture a wait for a record of the same capture adds that record's nodes to
+  // what the stream's next node depends on; a stream outside any capture joins the
+  // capture so (a lane of its own). A wait for work outside the capture, or of another,
+  // isolates nothing: it fails.
   if (q->capture) {
-    if (e->captured == q->capture) return cudaSuccess;
+    if (e->captured == q->capture) {
+      for (std::size_t n : e->captured_tail)
+        if (std::find(q->capture_tail.begin(), q->capture_tail.end(), n) == q->capture_tail.end())
+          q->capture_tail.push_back(n);
+      return cudaSuccess;
+    }
     sched::invalidate(*q, "cudaStreamWaitEvent for work outside the capture");
-    return cudaErrorStreamCaptureIsolation;
+    return e->captured ? cudaErrorStreamCaptureMerge : cudaErrorStreamCaptureIsolation;
   }
-  if (e->captured) return cudaErrorStreamCaptureUnsupported;
+  if (e->captured) {
+    if (e->captured->ended || q->legacy || q->device != e->device)
+      return cudaErrorStreamCaptureUnsupported;
+    q->capture = e->captured;
+    q->capture_lane = e->captured->lanes++;
+    q->capture_tail = e->captured_tail;
+    return cudaSuccess;
+  }
   // The wait is for the record made last before this call; none: nothing to wait for.
   const sched::Mark record = e->last;
   std::string what = "cudaStreamWaitEvent for ";
@@ -111,7 +125,7 @@ cudaError_t device_synchronize() {
 cudaError_t event_create(Event** e) {
   if (e == nullptr) return cudaErrorInvalidValue;
   auto held = sched::lock();
-  *e = new Event{current_device(), {}};
+  *e = new Event{current_device(), {}, nullptr, {}};
   sched::add_event(*e);
   return cudaSuccess;
 }
@@ -137,10 +151,12 @@ cudaError_t event_record(Event* e, Stream* s) {
     return cudaErrorInvalidResourceHandle;
   if (q->capture) {  // a point of the graph, not of any queue
     e->captured = q->capture;
+    e->captured_tail = q->capture_tail;
     e->last = {};
     return cudaSuccess;
   }
   e->captured = nullptr;
+  e->captured_tail.clear();
   e->last = sched::submit(held, q, "cudaEventRecord", done_at_once);
   return cudaSuccess;
 }

@@ -199,12 +199,14 @@ std::shared_ptr<Queue> queue_of(Stream* s) {
 bool live_stream(Stream* s) { return state().streams.count(s) != 0; }
 void add_stream(Stream* s) { state().streams.insert(s); }
 bool remove_stream(Stream* s) {
-  State& st = state();
-  if (s == nullptr || st.streams.erase(s) == 0) return false;
-  s->queue->destroyed = true;
-  if (s->queue->items.empty() && !s->queue->running)
-    st.queues.erase(std::find(st.queues.begin(), st.queues.end(), s->queue));
+  if (s == nullptr || state().streams.erase(s) == 0) return false;
+  retire(s->queue);
   return true;
+}
+void retire(const std::shared_ptr<Queue>& q) {
+  State& st = state();
+  q->destroyed = true;
+  if (q->items.empty() && !q->running) st.queues.erase(std::find(st.queues.begin(), st.queues.end(), q));
 }
 bool live_event(Event* e) { return e != nullptr && state().events.count(e) != 0; }
 void add_event(Event* e) { state().events.insert(e); }
@@ -214,7 +216,7 @@ Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q,
             Work work, std::vector<Mark> after) {
   State& s = state();
   if (q->capture) {  // recorded for the graph; the callers add no waits while capturing
-    q->capture->items.emplace_back(std::move(what), std::move(work));
+    capture_node(*q, std::move(what), [work](std::uint64_t) { return work; }, q->capture_tail);
     return Mark{};
   }
   // The legacy stream waits for the blocking streams' work, and they wait for its.
@@ -242,12 +244,30 @@ Mark submit(std::unique_lock<std::mutex>& held, const std::shared_ptr<Queue>& q,
   return mark;
 }
 
+std::size_t capture_node(Queue& q, std::string what, std::function<Work(std::uint64_t)> work_for,
+                         std::vector<std::size_t> deps) {
+  std::vector<Node>& nodes = q.capture->nodes;
+  nodes.push_back({std::move(what), std::move(work_for), q.capture_lane, std::move(deps)});
+  q.capture_tail = {nodes.size() - 1};
+  return nodes.size() - 1;
+}
+
 Mark end_of(const std::shared_ptr<Queue>& q) { return {q, q->pushed, q->last_clock}; }
 
 bool capturing_on(int device) {
   const auto& queues = state().queues;
   return std::any_of(queues.begin(), queues.end(),
                      [&](const auto& q) { return q->device == device && q->capture; });
+}
+
+void end_capture(Capture& capture) {
+  capture.ended = true;
+  for (const auto& q : state().queues)
+    if (q->capture.get() == &capture) {
+      q->capture = nullptr;
+      q->capture_lane = 0;
+      q->capture_tail.clear();
+    }
 }
 
 void invalidate(Queue& q, const std::string& why) {
@@ -332,6 +352,25 @@ void enqueue_together(const std::vector<Stream*>& streams, const std::string& wh
   // They complete together: what follows on any of the streams follows all of them.
   const auto after_all = std::make_shared<const races::Clock>(joined);
   for (const auto& q : queues) q->last_clock = after_all;
+}
+
+bool capture_together(const std::vector<Stream*>& streams, const std::string& what,
+                      const std::function<WorkRecipe(std::size_t)>& recipe_of) {
+  auto held = sched::lock();
+  std::vector<std::shared_ptr<sched::Queue>> queues;
+  for (Stream* s : streams) {
+    auto q = sched::queue_of(s);
+    if (!q || !q->capture || q->capture != sched::queue_of(streams[0])->capture) return false;
+    queues.push_back(std::move(q));
+  }
+  // Each node starts after what every one of the streams had reached; what follows on
+  // any of them follows all of the nodes.
+  std::vector<std::size_t> deps, nodes;
+  for (const auto& q : queues) deps.insert(deps.end(), q->capture_tail.begin(), q->capture_tail.end());
+  for (std::size_t k = 0; k < queues.size(); ++k)
+    nodes.push_back(sched::capture_node(*queues[k], what, recipe_of(k), deps));
+  for (const auto& q : queues) q->capture_tail = nodes;
+  return true;
 }
 
 void set_stream_schedule(const std::string& setting) {

@@ -4,6 +4,7 @@
 // makes it due (a synchronisation, an event query or wait, a blocking copy, a free).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -28,6 +29,16 @@ void enqueue(Stream* s, std::string what, Work work);
 // and the work after it on any of them comes after all of them.
 void enqueue_together(const std::vector<Stream*>& streams, const std::string& what,
                       const std::function<Work(std::size_t)>& work_of);
+
+// The work of a captured item for one launch of its graph (`launch` numbers the
+// launches): captured NCCL operations make their exchanges anew at each launch.
+using WorkRecipe = std::function<Work(std::uint64_t launch)>;
+
+// As enqueue_together, on streams that all capture into one graph: one node on each,
+// its work made at each launch by recipe_of(k). False (nothing recorded) when the
+// streams do not all capture into the same graph.
+bool capture_together(const std::vector<Stream*>& streams, const std::string& what,
+                      const std::function<WorkRecipe(std::size_t)>& recipe_of);
 
 // The device (cudaSetDevice's ordinal) of the allocation that holds all of
 // [p, p + bytes), or -1 when the range is not inside one live device allocation.
