@@ -4,6 +4,7 @@
 // exchange both ways with large messages; point-to-point matched per peer in issue order
 // across streams; communicators from two ids. The failures are in
 // nccl_emulation_failure_test.cpp; main() is here.
+#include <cmath>
 #include <numeric>
 
 #include "emulator_streams.hpp"
@@ -234,6 +235,61 @@ TEST_F(NcclEmulation, GroupOnTwoStreamsWaitsForBoth) {
     EXPECT_EQ(in.download(), expected) << "schedule " << seed;
   }
   pptrain_emu::set_stream_schedule(saved);
+  CUDA_OK(cudaStreamDestroy(other));
+}
+
+// A graph captured on two streams: an all-reduce on the origin, then a ring exchange as
+// a group on both streams (the receive's stream joined the capture through an event and
+// is joined back). Each launch exchanges again, with what the pinned input holds then,
+// and an all-reduce issued directly between launches matches its peers' in issue order.
+TEST_F(NcclEmulation, CapturedOperationsExchangeAgainAtEachLaunch) {
+  cudaStream_t other = nullptr;
+  CUDA_OK(cudaStreamCreate(&other));
+  cudaEvent_t fork = nullptr, join = nullptr;
+  CUDA_OK(cudaEventCreate(&fork));
+  CUDA_OK(cudaEventCreate(&join));
+  const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+  const std::size_t n = 20000;  // 80 KB: above the eager limits
+  float* pinned = nullptr;
+  CUDA_OK(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * 4));
+  DeviceArray<float> x(n), sum(n), from_left(n), direct(std::vector<float>(n, 1.0f));
+  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaMemcpyAsync(x.get(), pinned, n * 4, cudaMemcpyHostToDevice, stream_));
+  NCCL_OK(ncclAllReduce(x.get(), sum.get(), n, ncclFloat32, ncclSum, comm_, stream_));
+  CUDA_OK(cudaEventRecord(fork, stream_));
+  CUDA_OK(cudaStreamWaitEvent(other, fork, 0));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(x.get(), n, ncclFloat32, right, comm_, stream_));
+  NCCL_OK(ncclRecv(from_left.get(), n, ncclFloat32, left, comm_, other));
+  NCCL_OK(ncclGroupEnd());
+  CUDA_OK(cudaEventRecord(join, other));
+  CUDA_OK(cudaStreamWaitEvent(stream_, join, 0));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphDestroy(graph));
+  for (int launch = 0; launch < 3; ++launch) {
+    auto value = [&](int r, std::size_t i) { return input(r, i) + float(launch); };
+    std::vector<float> expected_sum(n), expected_left(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      pinned[i] = value(rank_, i);
+      float acc = value(0, i);
+      for (int r = 1; r < size_; ++r) acc += value(r, i);
+      expected_sum[i] = acc;
+      expected_left[i] = value(left, i);
+    }
+    CUDA_OK(cudaGraphLaunch(exec, stream_));
+    NCCL_OK(ncclAllReduce(direct.get(), direct.get(), n, ncclFloat32, ncclSum, comm_, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(sum.download(), expected_sum) << "launch " << launch;
+    EXPECT_EQ(from_left.download(), expected_left) << "launch " << launch;
+    EXPECT_EQ(direct.download()[n - 1], std::pow(float(size_), float(launch + 1)));
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaFreeHost(pinned));
+  CUDA_OK(cudaEventDestroy(fork));
+  CUDA_OK(cudaEventDestroy(join));
   CUDA_OK(cudaStreamDestroy(other));
 }
 
