@@ -171,6 +171,10 @@ class World {
   // when one failed or has been queued longer than the timeout, naming the rank, group
   // and operation. Never blocks; nothing to do for host communicators.
   virtual void check_progress() {}
+  // Watches the device work queued so far as one operation named `what`, from
+  // check_progress: for a replayed CUDA graph, whose operations the host does not queue
+  // one by one. Nothing to do for host communicators.
+  virtual void watch_queue(const std::string& what) { (void)what; }
   // The liveness check behind the watchdog's message: asks `peers` (world ranks) over a
   // channel of its own whether they are alive, waits a second for the answers, and
   // returns those that were silent; nullopt where there is no such check.

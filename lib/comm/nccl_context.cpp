@@ -159,6 +159,20 @@ void NcclContext::watch(cudaEvent_t done, ncclComm_t comm, NcclOpInfo info) {
   watched_.push_back({done, comm, std::move(info), std::chrono::steady_clock::now()});
 }
 
+void NcclContext::watch_queue(const std::string& what) {
+  std::vector<int> everyone(std::size_t(host_world_.size()));
+  for (std::size_t r = 0; r < everyone.size(); ++r) everyone[r] = int(r);
+  NcclOpInfo info{what, "world", {join_ranks(everyone), everyone}};
+  PPTRAIN_CHECK(!comms_.empty(), "watch_queue: no communicator");
+  watch(record(compute_, info), comms_.front(), std::move(info));
+}
+
+bool NcclContext::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(compute_, &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
 void NcclContext::check_progress() {
   host_world_.answer_peers();  // the host polls here while the device waits
   // Operations complete in queue order on one stream, so the oldest unfinished one is
@@ -240,14 +254,16 @@ void NcclContext::drop_spans() {
 NcclPending::NcclPending(std::shared_ptr<NcclContext> ctx, ncclComm_t comm, cudaEvent_t done,
                          NcclOpInfo info, const char* wait_site)
     : ctx_(std::move(ctx)), comm_(comm), done_(done), info_(std::move(info)),
-      wait_site_(wait_site) {}
+      wait_site_(wait_site), captured_(ctx_->capturing()) {}
 
 NcclPending::~NcclPending() {
-  wait();
+  if (!captured_) wait();  // a captured one left unjoined fails the capture's end
   if (done_) (void)cudaEventDestroy(done_);
 }
 
 void NcclPending::wait() {
+  PPTRAIN_CHECK(complete_ || !captured_,
+                info_.op + " on " + info_.group + ": a host wait inside a CUDA graph capture");
   if (!complete_) ctx_->wait(done_, comm_, info_);
   complete_ = true;
 }
@@ -255,12 +271,17 @@ void NcclPending::wait() {
 void NcclPending::wait_in_queue() {
   if (complete_) return;
   ctx_->stream_wait(wait_site_, ctx_->compute_stream(), done_, info_);
-  ctx_->watch(done_, comm_, std::move(info_));
-  done_ = nullptr;  // the context owns it now
+  if (captured_) {
+    ctx_->check(cudaEventDestroy(done_), "cudaEventDestroy", info_);  // the wait is captured
+  } else {
+    ctx_->watch(done_, comm_, std::move(info_));  // the context owns it now
+  }
+  done_ = nullptr;
   complete_ = true;  // for this object: nothing is left to wait for
 }
 
 bool NcclPending::test() {
+  if (captured_) return false;  // it runs in the graph's launches only
   if (!complete_) {
     const cudaError_t state = cudaEventQuery(done_);
     if (state != cudaErrorNotReady) ctx_->check(state, "cudaEventQuery", info_);

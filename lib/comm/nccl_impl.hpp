@@ -74,6 +74,12 @@ class NcclContext final : public DeviceSpanSource {
   // Takes `done` (recorded after an operation the host does not wait for) and watches
   // it from check_progress until it completes.
   void watch(cudaEvent_t done, ncclComm_t comm, NcclOpInfo info);
+  // Watches the compute stream's work queued so far, as the whole world's operation
+  // `what` (a replayed graph).
+  void watch_queue(const std::string& what);
+  // Whether the compute stream captures a CUDA graph: what is queued then runs only when
+  // the graph is launched, so its events can be neither queried nor waited for.
+  bool capturing() const;
   // Drops the watched operations that have completed; ends the job when one failed or
   // has been queued longer than the timeout. Never blocks.
   void check_progress();
@@ -126,7 +132,10 @@ class NcclContext final : public DeviceSpanSource {
 
 // A started operation: the event recorded after it. wait() blocks under the watchdog
 // until the event has completed, so any work queued afterwards, on any stream, comes
-// after the operation; test() only queries the event.
+// after the operation; test() only queries the event. One queued during a graph capture
+// runs only in the graph's launches: it never tests complete, the host cannot wait for
+// it, and wait_in_queue orders the compute stream after it inside the graph, which the
+// watchdog watches as a whole (World::watch_queue).
 class NcclPending final : public PendingOp {
  public:
   // wait_site: the stream_wait site of wait_in_queue.
@@ -144,6 +153,7 @@ class NcclPending final : public PendingOp {
   NcclOpInfo info_;
   const char* wait_site_;
   bool complete_ = false;
+  bool captured_;
 };
 
 // What every World over an NcclContext shares: its rank and size, exchange() as
@@ -158,6 +168,7 @@ class NcclWorldBase : public World {
     exchange_start(batch)->wait_in_queue();
   }
   void check_progress() override { ctx_->check_progress(); }
+  void watch_queue(const std::string& what) override { ctx_->watch_queue(what); }
   void barrier() override { ctx_->host_world().barrier(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override {
     ctx_->abort(message, exit_code);

@@ -262,13 +262,8 @@ void validate(const Config& config, const Origins& origins) {
   if (config.train.precision == Precision::BF16 && config.device == Device::Cpu)
     rules.fail("train.precision", "bf16 needs device cuda or auto; the CPU backend computes in "
                                   "fp32 (got device cpu)");
-  // A graph replays one device's queued work; the collectives and messages of a layout of
-  // several ranks are not captured.
   if (config.train.cuda_graph && config.device == Device::Cpu)
     rules.fail("train.cuda_graph", "needs device cuda or auto (got device cpu)");
-  if (config.train.cuda_graph && world_size(config) != 1)
-    rules.fail("train.cuda_graph", "captures a one-rank step (tp, cp, pp and dp 1); this layout has " +
-                                       std::to_string(world_size(config)) + " ranks");
   // fused: the flash-style kernel on CUDA (bf16 only), the blocked kernel on the CPU.
   if (config.train.attention == Attention::Fused && config.device != Device::Cpu &&
       config.train.precision == Precision::FP32)

@@ -294,9 +294,10 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   // Each of the step's micro-batches on each replica (dp * cp of them, every one the same
   // number of tokens) adds its mean loss: the step's loss is their mean.
   const int means = M * s_.grid.replicas();
-  const bool traced = trace_->enabled_for(step + 1);  // trace steps count from 1, as the log
-  s_.comms.timeline->start_step(traced);  // time zero: where the executor's first mark goes
   const bool graphed = cfg_.train.cuda_graph && step > first_step_;
+  // Trace steps count from 1, as the log; a graph's work is not timed.
+  const bool traced = trace_->enabled_for(step + 1) && !graphed;
+  s_.comms.timeline->start_step(traced);  // time zero: where the executor's first mark goes
   if (cfg_.train.cuda_graph) s_.executor.fill_batches(fill);
   StepOutcome o;
   o.lr = learning_rate(cfg_.train, step);
@@ -318,20 +319,23 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   } else {
     opt_.stage_schedule(float(o.lr), step + 1);  // what the graph's update copies in
   }
-  if (graphed) ops.replay();
   comm::World& world = s_.comms.world_for_model();
+  if (graphed) {
+    ops.replay();
+    world.watch_queue("step " + std::to_string(step + 1) + " (a replayed CUDA graph)");
+  }
   ops.wait_queue([&] { world.check_progress(); });
   const std::vector<double> marks = ops.take_marks();
   const auto t1 = Clock::now();
 
   PipelineExecutor::ActionFn on_action;
-  if (traced && !graphed)
+  if (traced)
     on_action = [&](const Action& a, Clock::time_point b, Clock::time_point e) {
       trace_->add(std::string(op_name(a.op)) + " mb" + std::to_string(a.microbatch) +
                       (par.virtual_stages > 1 ? " c" + std::to_string(a.chunk) : ""),
                   step + 1, b, e);
     };
-  // A replayed graph takes no marks: its one rank computed the whole time.
+  // A replayed graph takes no marks: its whole time counts as compute.
   PipelineStats st;
   if (graphed) {
     st.elapsed_s = st.compute_s = seconds(t1 - t0);
@@ -339,7 +343,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   } else {
     st = s_.executor.step_stats(marks, on_action);
   }
-  if (traced && !graphed) {
+  if (traced) {
     const auto update_span = std::chrono::duration<double>(marks[update_end] - marks[comm_end]);
     trace_->add("optimizer", step + 1, t1 - std::chrono::duration_cast<Clock::duration>(update_span),
                 t1);

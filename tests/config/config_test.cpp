@@ -140,8 +140,6 @@ const BadCase kBadCases[] = {
      "train.precision: bf16 needs device cuda or auto"},
     {"graph_on_cpu", "train:\n  cuda_graph: true\ndevice: cpu\n", {}, "x.yaml:2",
      "train.cuda_graph: needs device cuda or auto (got device cpu)"},
-    {"graph_of_ranks", "train:\n  cuda_graph: true\nparallel:\n  dp: 2\ndevice: cuda\n", {}, "x.yaml:2",
-     "train.cuda_graph: captures a one-rank step (tp, cp, pp and dp 1); this layout has 2 ranks"},
     {"bf16_default_device", "", {"train.precision=bf16"}, "--set train.precision",
      "train.precision: bf16 needs device cuda or auto; the CPU backend computes in fp32 (got "
      "device cpu)"},
