@@ -322,7 +322,7 @@ RankTrainer::StepOutcome RankTrainer::train_step(int64_t step) {
   comm::World& world = s_.comms.world_for_model();
   if (graphed) {
     ops.replay();
-    world.watch_queue("step " + std::to_string(step + 1) + " (a replayed CUDA graph)");
+    world.watch_queue("cuda_graph_replay");
   }
   ops.wait_queue([&] { world.check_progress(); });
   const std::vector<double> marks = ops.take_marks();

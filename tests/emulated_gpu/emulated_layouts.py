@@ -32,7 +32,8 @@ most memory any rank held is what check-config predicts, within 4 KiB. Then:
   planner chooses is logged, fits (the memory check passes) and trains to the losses of
   the one-rank CPU run;
 - faults: a rank stopped with SIGSTOP trips the others' watchdog, which aborts the NCCL
-  communicators and ends the job with exit 3, naming the rank, group and operation.
+  communicators and ends the job with exit 3, naming the rank, group and operation; so
+  does one stopped while the steps replay a CUDA graph (train.cuda_graph).
 Open MPI's eager limits are forced down, so no host message is buffered either.
 Usage: emulated_layouts.py PPTRAIN PPTRAIN_EMULATED CONFIG WORKDIR [NAME ...]
 """
@@ -321,18 +322,26 @@ def check_checkpoints(work, failures):
         failures.append("ckpt_zero_resume_bf16")
 
 
-def check_stalled_rank(work, failures):
+def check_stalled_rank(work, failures, graph):
     """SIGSTOP rank 1 of a pp=2 run: rank 0's watchdog must end the job with exit 3,
-    naming rank 1 as the peer that did not answer its liveness check."""
+    naming rank 1 as the peer that did not answer its liveness check; with
+    train.cuda_graph, while it waits for a replayed step."""
     timeout_s = 5
-    metrics = os.path.join(work, "stall.jsonl")
+    name = "stall_graph" if graph else "stall"
+    metrics = os.path.join(work, name + ".jsonl")
     argv = [EMULATED, "--config", CONFIG] + jobs.overrides(
         settings(1, 2, 1, 4, []) + ["device=cuda", "train.steps=100000", f"logging.metrics={metrics}",
-                                    f"parallel.comm_timeout_s={timeout_s}"])
+                                    f"parallel.comm_timeout_s={timeout_s}",
+                                    f"train.cuda_graph={str(graph).lower()}"])
     os.environ.update(ENV)  # jobs.Job starts the job with this process's environment
-    job = jobs.Job(argv, os.path.join(work, "stall.log"))
+    job = jobs.Job(argv, os.path.join(work, name + ".log"))
     try:
         jobs.wait_for_path(metrics, limit=300)
+        if graph:  # past the capture at step 2: replaying
+            while sum(1 for _ in open(metrics)) < 3:
+                if job.proc.poll() is not None:
+                    jobs.fail("the graph run ended early")
+                time.sleep(0.2)
         victims = jobs.rank_pids(job, 1)
         if not victims:
             jobs.fail("could not find rank 1")
@@ -347,11 +356,11 @@ def check_stalled_rank(work, failures):
                           r"\(peers: [^;]+; no answer within 1 s from 1\)", text)
         ok = rc == 3 and named
         line = next((l for l in text.splitlines() if "did not complete" in l), "(no watchdog line)")
-        print(f"stalled rank 1: exit {rc} after {took:.1f} s; {line.strip()} -> "
+        print(f"stalled rank 1{' (replaying a graph)' if graph else ''}: exit {rc} after {took:.1f} s; {line.strip()} -> "
               f"{'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
             print(text[-3000:])
-            failures.append("stalled_rank")
+            failures.append(name)
     finally:
         for pid in job.descendants():
             try:
@@ -462,13 +471,14 @@ def main():
     check_dropped_waits(work, failures)
     check_overlap(work, failures)
     check_checkpoints(work, failures)
-    check_stalled_rank(work, failures)
+    for graph in (False, True):
+        check_stalled_rank(work, failures, graph)
     check_memory_check(work, failures)
     check_auto_layout(work, failures, reference)
     if failures:
         sys.exit("failed: " + ", ".join(failures))
     checks = 2 * len(names) * len(PRECISIONS) + len(ATTENTION) + len(LLAMA) + len(stream_wait_sites())
-    print(f"{checks + 16} passed, 0 failed")
+    print(f"{checks + 17} passed, 0 failed")
 
 
 if __name__ == "__main__":
