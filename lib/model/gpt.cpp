@@ -82,8 +82,9 @@ void GptModel::layer_forward(int l, const LayerView& v) {
 }
 
 void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
-  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
   const auto w = layer_weights(l);
+  const auto g = layer_grads(l);
   // MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
   // The output gradient is gathered row block by row block beside fcproj's input-gradient
   // GEMM. With the weights, ln2 is gathered again while fc's input gradient is computed,
@@ -102,9 +103,9 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
-  // The residual's gradient plus the norm's, in one pass.
-  ops_.layernorm_backward_input(v.dres2, v.dout, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd,
-                                Nh, C);
+  // The residual's gradient plus the norm's, in one pass (with its weight gradients when
+  // W follows B: norm_backward).
+  norm_backward(v.dres2, v.dout, v.dln2, v.res2, w.ln2_w, v.ln2_mean, v.ln2_rstd, g.ln2_w, g.ln2_b);
   // Attention: res2 = x + proj(attn(qkv(ln1(x)))); dres2 is gathered as dout was.
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
   tp_.gather_rows(v.dres2, v.dres2_gathered, C, [&](int first, int rows, const ops::Act* dres2) {
@@ -121,9 +122,19 @@ void GptModel::layer_backward_input(int l, const LayerView& v, bool with_weights
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
-  ops_.layernorm_backward_input(v.dx, v.dres2, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, Nh,
-                                C);
-  if (with_weights) norm_weight_grads(l, v);
+  norm_backward(v.dx, v.dres2, v.dln1, v.x, w.ln1_w, v.ln1_mean, v.ln1_rstd, g.ln1_w, g.ln1_b);
+}
+
+// Where W follows B (every schedule but the zero-bubble ones), a norm's weight gradients
+// are computed in B with its input gradient, in one pass over the rows; W skips them.
+void GptModel::norm_backward(ops::Act* dinp, const ops::Act* dresidual, const ops::Act* dout,
+                             const ops::Act* inp, const ops::Act* w, const float* mean,
+                             const float* rstd, float* dw, float* db) {
+  const int Nh = tp_.rows_held();
+  if (policy().weight_follows_input)
+    ops_.layernorm_backward(dinp, dresidual, dout, inp, w, mean, rstd, dw, db, Nh, C_);
+  else
+    ops_.layernorm_backward_input(dinp, dresidual, dout, inp, w, mean, rstd, Nh, C_);
 }
 
 // LayerNorm gradients cover the held rows; under sequence parallelism GradSync sums them
@@ -135,7 +146,7 @@ void GptModel::layer_backward_weight(int l, const LayerView& v) {
   const ops::Act* ln1 =
       tp_.gather(v.ln1, v.ln1_gathered, C_, [&] { mlp_weight_grads(l, v, ln2); });
   attention_weight_grads(l, v, ln1);
-  norm_weight_grads(l, v);
+  if (!policy().weight_follows_input) norm_weight_grads(l, v);
 }
 
 void GptModel::mlp_weight_grads(int l, const LayerView& v, const ops::Act* ln2) {

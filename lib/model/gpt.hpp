@@ -36,6 +36,9 @@ class GptModel : public DecoderModel {
   void mlp_weight_grads(int layer, const LayerView& v, const ops::Act* ln2);
   void attention_weight_grads(int layer, const LayerView& v, const ops::Act* ln1);
   void norm_weight_grads(int layer, const LayerView& v);
+  void norm_backward(ops::Act* dinp, const ops::Act* dresidual, const ops::Act* dout,
+                     const ops::Act* inp, const ops::Act* w, const float* mean, const float* rstd,
+                     float* dw, float* db);
   void final_norm_forward(ops::Act* out, float* mean, float* rstd, const ops::Act* inp,
                           int rows) override;
   void final_norm_backward_input(ops::Act* dinp, const ops::Act* dout, const ops::Act* inp,

@@ -34,6 +34,13 @@ void* Ops::allocate_host(std::size_t bytes) {
 }
 void Ops::free_host(void* p) noexcept { ::operator delete(p, std::align_val_t{256}); }
 
+void Ops::layernorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                             const Act* w, const float* mean, const float* rstd, float* dw,
+                             float* db, int N, int C) {
+  layernorm_backward_input(dinp, dresidual, dout, inp, w, mean, rstd, N, C);
+  layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
+}
+
 void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                          int N, int Cin, int Cout) {
   gemm(false, false, N, Cout, Cin, 1.0f, inp, w, 0.0f, out);

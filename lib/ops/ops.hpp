@@ -235,6 +235,11 @@ class Ops {
   // dw += sum_n dout * xhat; db += sum_n dout.
   virtual void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                          const float* mean, const float* rstd, int N, int C) = 0;
+  // layernorm_backward_input, then layernorm_backward_weight (B and W of the norm
+  // together), with their results bit for bit: a backend may do both in one pass.
+  virtual void layernorm_backward(Act* dinp, const Act* dresidual, const Act* dout,
+                                  const Act* inp, const Act* w, const float* mean,
+                                  const float* rstd, float* dw, float* db, int N, int C);
   // GELU, tanh approximation (GPT-2's "gelu_new").
   virtual void gelu_forward(Act* out, const Act* inp, std::size_t n) = 0;
   // dinp = gelu'(inp) * dout (overwrites; dinp may alias dout).

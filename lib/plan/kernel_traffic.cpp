@@ -75,6 +75,12 @@ Traffic layernorm_backward_input(double R, double C, double e) {
 Traffic layernorm_backward_weight(double R, double C, double e) {
   return kernel(2 * R * C * e + 8 * R * C, 2 * chunks(R) * C * 4) + finish_column_sums(2, R, C);
 }
+// Both in one pass (B and W together): the input gradient's loads and stores, the two
+// partial sums a chunk written from shared memory, then both finished in one launch.
+Traffic layernorm_backward(double R, double C, double e) {
+  return kernel(7 * R * C * e + kWarp * 8 * R, R * C * e + 2 * chunks(R) * C * 4) +
+         finish_column_sums(2, R, C);
+}
 Traffic rmsnorm_forward(double R, double C, double e) { return kernel(3 * R * C * e, R * C * e + 4 * R); }
 Traffic rmsnorm_backward_input(double R, double C, double e) {
   return kernel(7 * R * C * e + kWarp * 4 * R, R * C * e);
@@ -171,8 +177,12 @@ LayerTraffic layer_traffic(const LayerShape& s) {
     w.kernels += 2 * rmsnorm_backward_weight(R, C, e);
   } else {
     f.kernels += 2 * layernorm_forward(R, C, e);
-    b.kernels += 2 * layernorm_backward_input(R, C, e);
-    w.kernels += 2 * layernorm_backward_weight(R, C, e);
+    if (s.weight_follows_input) {  // the norms' weight gradients in B, in one pass
+      b.kernels += 2 * layernorm_backward(R, C, e);
+    } else {
+      b.kernels += 2 * layernorm_backward_input(R, C, e);
+      w.kernels += 2 * layernorm_backward_weight(R, C, e);
+    }
   }
   return L;
 }

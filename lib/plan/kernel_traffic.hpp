@@ -25,6 +25,7 @@ Traffic operator*(double k, Traffic a);
 Traffic layernorm_forward(double R, double C, double e);
 Traffic layernorm_backward_input(double R, double C, double e);
 Traffic layernorm_backward_weight(double R, double C, double e);
+Traffic layernorm_backward(double R, double C, double e);  // both in one pass
 Traffic rmsnorm_forward(double R, double C, double e);
 Traffic rmsnorm_backward_input(double R, double C, double e);
 Traffic rmsnorm_backward_weight(double R, double C, double e);
@@ -60,6 +61,9 @@ struct LayerShape {
   double t = 1;                  // tensor-parallel ranks
   bool sp = false;               // sequence parallelism: the norms hold N / t rows
   bool llama = false;            // RMSNorm, rope, SwiGLU, no biases; else GPT-2
+  // W right after B (every schedule but the zero-bubble ones): GPT-2's norms compute their
+  // weight gradients in B, with the input gradients.
+  bool weight_follows_input = true;
   double e = 2;
 };
 struct PassTraffic {

@@ -72,6 +72,7 @@ LayerTraffic gpu_layer_traffic(const Shape& s) {
   LayerShape l;
   l.B = s.B, l.T = s.Tl, l.C = s.C, l.heads = s.heads, l.kv_heads = s.kv_heads, l.hs = s.hs;
   l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e;
+  l.weight_follows_input = s.weights_follow_input;
   return layer_traffic(l);
 }
 

@@ -113,6 +113,9 @@ class CudaOps final : public Ops {
                                 int C) override;
   void layernorm_backward_weight(float* dw, float* db, const Act* dout, const Act* inp,
                                  const float* mean, const float* rstd, int N, int C) override;
+  void layernorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                          const Act* w, const float* mean, const float* rstd, float* dw, float* db,
+                          int N, int C) override;
   void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
                        float eps) override;
   void rmsnorm_backward_input(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,

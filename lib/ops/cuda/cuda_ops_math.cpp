@@ -162,6 +162,21 @@ void CudaOps::layernorm_backward_weight(float* dw, float* db, const Act* dout, c
                mean, rstd, N, C, scratch);
 }
 
+// One pass where the norm's shared memory fits the device (C up to about 3,500 on an
+// H100); the two kernels otherwise.
+void CudaOps::layernorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                                 const Act* w, const float* mean, const float* rstd, float* dw,
+                                 float* db, int N, int C) {
+  if (cuda::layernorm_backward_shared_bytes(C) > std::size_t(max_smem_optin_)) {
+    Ops::layernorm_backward(dinp, dresidual, dout, inp, w, mean, rstd, dw, db, N, C);
+    return;
+  }
+  auto* scratch = static_cast<float*>(
+      workspace(cuda::layernorm_backward_weight_scratch_floats(N, C) * sizeof(float)));
+  launch_typed([](auto... args) { cuda::layernorm_backward(args...); }, dinp, dresidual, dout,
+               inp, w, mean, rstd, dw, db, N, C, scratch, max_smem_optin_);
+}
+
 void CudaOps::rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C,
                               float eps) {
   launch_typed([](auto... args) { cuda::rmsnorm_forward(args...); }, out, rstd, inp, w, N, C, eps);

@@ -16,8 +16,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <type_traits>
 #include <utility>
 
@@ -209,23 +207,6 @@ bool with_head_size(int hs, F&& f) {
     f(std::integral_constant<int, D>{});
     return true;
   }
-}
-
-// Lets `kernel` use `bytes` of dynamic shared memory (above the 48 KiB default) on the
-// current device: set once per kernel and device (a kernel always asks for the same
-// bytes), not on every launch.
-template <typename K>
-void allow_smem(K* kernel, std::size_t bytes) {
-  static std::mutex mutex;  // guards `done`, the (kernel, device) pairs set so far
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  PPTRAIN_CUDA_CHECK(cudaGetDevice(&device));
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
-  std::lock_guard<std::mutex> lock(mutex);
-  if (done.count(key)) return;
-  PPTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
-  done.insert(key);
 }
 
 }  // namespace pptrain::ops::cuda::flash

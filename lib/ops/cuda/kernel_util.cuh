@@ -10,9 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/error.hpp"  // PPTRAIN_CHECK: the launchers' preconditions
 #include "ops/cuda/cuda_check.hpp"
@@ -160,6 +163,23 @@ static __global__ void column_sum_finish_pair(float* out0, const float* part0, f
     add_chunk_sums(out0, part0, chunks, C, c);
   else
     add_chunk_sums(out1, part1, chunks, C, c);
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above the 48 KiB default) on the
+// current device: set once per kernel and device (a kernel always asks for the same
+// bytes), not on every launch.
+template <typename K>
+void allow_smem(K* kernel, std::size_t bytes) {
+  static std::mutex mutex;  // guards `done`, the (kernel, device) pairs set so far
+  static std::set<std::pair<const void*, int>> done;
+  int device = 0;
+  PPTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done.count(key)) return;
+  PPTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+  done.insert(key);
 }
 
 }  // namespace pptrain::ops::cuda

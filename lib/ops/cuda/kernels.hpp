@@ -53,6 +53,15 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
                                const float* mean, const float* rstd, int N, int C, float* scratch,
                                cudaStream_t s);
 std::size_t layernorm_backward_weight_scratch_floats(int N, int C);
+// Both, bit-identical to layernorm_backward_input then layernorm_backward_weight, in one
+// pass over the rows: layernorm_backward_weight_scratch_floats(N, C) floats of scratch and
+// layernorm_backward_shared_bytes(C) of shared memory a block, at most max_shared (the
+// device's opt-in limit).
+template <typename T>
+void layernorm_backward(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                        const float* mean, const float* rstd, float* dw, float* db, int N, int C,
+                        float* scratch, int max_shared, cudaStream_t s);
+std::size_t layernorm_backward_shared_bytes(int C);
 
 // ---- Llama-family blocks (llama.cu) ----
 template <typename T>

@@ -1,6 +1,7 @@
 // LayerNorm CUDA kernels (eps 1e-5, biased variance): forward and input gradient with
 // one warp per row and fp32 statistics (two passes over the row for the variance),
-// weight and bias gradients as deterministic two-pass column sums.
+// weight and bias gradients as deterministic two-pass column sums; or the input gradient
+// and the weight and bias gradients' partial sums in one pass over the rows.
 #include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/kernels.hpp"
 
@@ -140,6 +141,76 @@ __global__ void layernorm_weight_partial_kernel(float* __restrict__ part_w,
   part_b[o] = sum_b;
 }
 
+// The input gradient (as layernorm_backward_input_kernel) with pass 1 of the weight and
+// bias gradients (as layernorm_weight_partial_kernel) in one pass: block b takes chunk b
+// of kColumnSumRows rows, and its warp w the chunk's rows w, w + 8, ..., as the partial
+// kernel's thread row w does. Each lane adds its columns' dout * xhat and dout into its
+// warp's own rows of shared memory while it writes the input gradient; then the warps'
+// sums are added in warp order. The same operations in the same order: both outputs are
+// bit-identical to the two kernels'. Shared memory: 8 warps x 2 x C floats.
+template <typename T, int W>
+__global__ void layernorm_backward_kernel(T* dinp, const T* dres, const T* dout,
+                                          const T* __restrict__ inp, const T* __restrict__ w,
+                                          const float* __restrict__ mean,
+                                          const float* __restrict__ rstd,
+                                          float* __restrict__ part_w, float* __restrict__ part_b,
+                                          int N, int C) {
+  extern __shared__ float sums[];  // [warp][dout * xhat, then dout][C]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* sum_w = sums + static_cast<std::size_t>(warp) * 2 * C;
+  float* sum_b = sum_w + C;
+  for (int c = lane * W; c < C; c += 32 * W)  // a lane's own columns: no other thread's
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum_w[c + k] = sum_b[c + k] = 0.0f;
+  const int r0 = static_cast<int>(blockIdx.x) * kColumnSumRows;
+  const int r1 = min(N, r0 + kColumnSumRows);
+  for (int row = r0 + warp; row < r1; row += kRowsPerBlock) {
+    const std::size_t off = static_cast<std::size_t>(row) * C;
+    const T* x = inp + off;
+    const T* d = dout + off;
+    const float m = mean[row], rs = rstd[row];
+    float row_g = 0.0f, row_gx = 0.0f;
+    for (int c = lane * W; c < C; c += 32 * W) {
+      const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float g = to_f32(pd.v[k]) * to_f32(pw.v[k]);
+        row_g += g;
+        row_gx += g * ((to_f32(px.v[k]) - m) * rs);
+      }
+    }
+    const float mean_g = warp_sum(row_g) / C;
+    const float mean_gx = warp_sum(row_gx) / C;
+    T* dx = dinp + off;
+    const T* base = dres + off;
+    for (int c = lane * W; c < C; c += 32 * W) {
+      const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
+      Pack<T, W> r = load_pack<W>(base + c);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (to_f32(px.v[k]) - m) * rs;
+        const float dk = to_f32(pd.v[k]);
+        const float g = dk * to_f32(pw.v[k]);
+        r.v[k] = from_f32<T>(to_f32(r.v[k]) + rs * (g - mean_g - xhat * mean_gx));
+        sum_w[c + k] += dk * xhat;
+        sum_b[c + k] += dk;
+      }
+      store_pack<W>(dx + c, r);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    float total_w = 0.0f, total_b = 0.0f;
+    for (int k = 0; k < kRowsPerBlock; ++k) {
+      total_w += sums[static_cast<std::size_t>(k) * 2 * C + c];
+      total_b += sums[static_cast<std::size_t>(k) * 2 * C + C + c];
+    }
+    const std::size_t o = static_cast<std::size_t>(blockIdx.x) * C + c;
+    part_w[o] = total_w;
+    part_b[o] = total_b;
+  }
+}
+
 void check_sizes(const char* op, int N, int C) {
   PPTRAIN_CHECK(N >= 0 && C >= 0, std::string(op) + ": negative size");
 }
@@ -203,13 +274,49 @@ void layernorm_backward_weight(float* dw, float* db, const T* dout, const T* inp
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
+std::size_t layernorm_backward_shared_bytes(int C) {
+  return std::size_t(kRowsPerBlock) * 2 * std::size_t(C) * sizeof(float);
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                        const float* mean, const float* rstd, float* dw, float* db, int N, int C,
+                        float* scratch, int max_shared, cudaStream_t s) {
+  check_sizes("layernorm_backward", N, C);
+  if (N == 0 || C == 0) return;
+  PPTRAIN_CHECK(dinp && dresidual && dout && inp && w && mean && rstd && dw && db && scratch,
+                "layernorm_backward: null pointer");
+  const std::size_t shared = layernorm_backward_shared_bytes(C);
+  PPTRAIN_CHECK(shared <= std::size_t(max_shared), "layernorm_backward: C too large");
+  const int chunks = column_sum_chunks(N);
+  float* part_w = scratch;
+  float* part_b = scratch + static_cast<std::size_t>(chunks) * C;
+  constexpr int V = kVec<T>;
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, std::size_t(max_shared));
+    kernel<<<chunks, kThreads, shared, s>>>(dinp, dresidual, dout, inp, w, mean, rstd, part_w,
+                                            part_b, N, C);
+  };
+  if (C % V == 0 && aligned16({dinp, dresidual, dout, inp, w}))
+    launch(layernorm_backward_kernel<T, V>);
+  else
+    launch(layernorm_backward_kernel<T, 1>);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+  column_sum_finish_pair<<<dim3((C + kThreads - 1) / kThreads, 2), kThreads, 0, s>>>(
+      dw, part_w, db, part_b, chunks, C);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
 #define PPTRAIN_INSTANTIATE(T)                                                                   \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, \
                                      cudaStream_t);                                              \
   template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*,          \
                                             const float*, const float*, int, int, cudaStream_t);  \
   template void layernorm_backward_weight<T>(float*, float*, const T*, const T*, const float*,   \
-                                             const float*, int, int, float*, cudaStream_t);
+                                             const float*, int, int, float*, cudaStream_t);      \
+  template void layernorm_backward<T>(T*, const T*, const T*, const T*, const T*, const float*, \
+                                      const float*, float*, float*, int, int, float*, int,      \
+                                      cudaStream_t);
 PPTRAIN_INSTANTIATE(float)
 PPTRAIN_INSTANTIATE(bf16)
 #undef PPTRAIN_INSTANTIATE

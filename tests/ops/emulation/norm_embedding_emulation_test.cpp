@@ -77,6 +77,43 @@ TYPED_TEST(EmulatedNorm, LayerNormBackwardMatchesCpu) {
   }
 }
 
+// The one-pass backward (B and W together) against the two kernels, bit for bit: the
+// input gradient in place and apart, over the same shapes.
+TYPED_TEST(EmulatedNorm, LayerNormBackwardInOnePassEqualsTheTwoKernels) {
+  using T = TypeParam;
+  int max_shared = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  for (const auto& [N, C, skew] : kNormShapes)
+    for (const bool in_place : {true, false}) {
+      const std::size_t n = std::size_t(N) * C;
+      const std::vector<float> x = rounded<T>(randn(n, 4, 2.0f)), w = rounded<T>(randn(C, 5)),
+                               b = rounded<T>(randn(C, 6)), dout = rounded<T>(randn(n, 7)),
+                               dres = rounded<T>(randn(n, 8)), dw = randn(C, 9), db = randn(C, 10);
+      std::vector<float> y(n), mean(N), rstd(N);
+      this->cpu.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                  b.data(), N, C);
+      Device<T> ddout(dout, skew), dx(x, skew), dwt(w), dres1(dres, skew), dres2(dres, skew);
+      Device<T> dinp1(n, skew), dinp2(n, skew);
+      Device<float> dmean(mean), drstd(rstd), dw1(dw), db1(db), dw2(dw), db2(db);
+      Device<float> scratch(kern::layernorm_backward_weight_scratch_floats(N, C));
+      T* out1 = in_place ? dres1.get() : dinp1.get();
+      T* out2 = in_place ? dres2.get() : dinp2.get();
+      kern::layernorm_backward_input<T>(out1, dres1.get(), ddout.get(), dx.get(), dwt.get(),
+                                        dmean.get(), drstd.get(), N, C, nullptr);
+      kern::layernorm_backward_weight<T>(dw1.get(), db1.get(), ddout.get(), dx.get(), dmean.get(),
+                                         drstd.get(), N, C, scratch.get(), nullptr);
+      kern::layernorm_backward<T>(out2, dres2.get(), ddout.get(), dx.get(), dwt.get(),
+                                  dmean.get(), drstd.get(), dw2.get(), db2.get(), N, C,
+                                  scratch.get(), max_shared, nullptr);
+      const Device<T>& got1 = in_place ? dres1 : dinp1;
+      const Device<T>& got2 = in_place ? dres2 : dinp2;
+      EXPECT_EQ(got2.read(), got1.read()) << N << "x" << C << (in_place ? ", in place" : "");
+      EXPECT_EQ(dw2.read(), dw1.read()) << N << "x" << C;
+      EXPECT_EQ(db2.read(), db1.read()) << N << "x" << C;
+    }
+}
+
 // Tokens of B*T positions: repeats, and ids below and past the shard [begin, begin+rows).
 std::vector<int32_t> make_tokens(int BT, int begin, int rows) {
   std::vector<int32_t> t(BT);
