@@ -291,21 +291,32 @@ std::vector<OpCase> make_cases() {
                  r.ops.layernorm_forward(out, mean, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
                                          r.act(r.randn(kC, 2)), r.act(r.randn(kC, 3)), kN, kC);
                }});
-  // The residual's gradient added from an array of its own, or in place (dinp += ...).
-  for (bool in_place : {false, true})
-    t.push_back({std::string("layernorm_backward_input") + (in_place ? "_in_place" : ""),
-                 [=](OpRun& r) {
-                   const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                   std::vector<float> mean, rstd;
-                   row_stats(x, kN, kC, mean, rstd);
-                   const std::vector<float> dres = r.randn(kN * kC, 5);
-                   Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
-                                        : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
-                   r.ops.layernorm_backward_input(dinp, in_place ? dinp : r.act(dres),
-                                                  r.act(r.randn(kN * kC, 4)), r.act(x),
-                                                  r.act(r.randn(kC, 2)), r.f32(mean), r.f32(rstd),
-                                                  kN, kC);
-                 }});
+  // The residual's gradient added from an array of its own, or in place (dinp += ...);
+  // alone, or with the weight gradients in the same call (B and W together).
+  for (bool with_weights : {false, true})
+    for (bool in_place : {false, true})
+      t.push_back({std::string(with_weights ? "layernorm_backward" : "layernorm_backward_input") +
+                       (in_place ? "_in_place" : ""),
+                   [=](OpRun& r) {
+                     const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                     std::vector<float> mean, rstd;
+                     row_stats(x, kN, kC, mean, rstd);
+                     const std::vector<float> dres = r.randn(kN * kC, 5);
+                     Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
+                                          : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
+                     const Act* residual = in_place ? dinp : r.act(dres);
+                     const Act* dout = r.act(r.randn(kN * kC, 4));
+                     const Act* w = r.act(r.randn(kC, 2));
+                     if (!with_weights) {
+                       r.ops.layernorm_backward_input(dinp, residual, dout, r.act(x), w,
+                                                      r.f32(mean), r.f32(rstd), kN, kC);
+                       return;
+                     }
+                     float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
+                     float* db = r.f32_inout("db", randn(kC, 7), kSum);
+                     r.ops.layernorm_backward(dinp, residual, dout, r.act(x), w, r.f32(mean),
+                                              r.f32(rstd), dw, db, kN, kC);
+                   }});
   t.push_back({"layernorm_backward_weight", [](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
                  std::vector<float> mean, rstd;
@@ -315,23 +326,6 @@ std::vector<OpCase> make_cases() {
                  r.ops.layernorm_backward_weight(dw, db, r.act(r.randn(kN * kC, 4)), r.act(x),
                                                  r.f32(mean), r.f32(rstd), kN, kC);
                }});
-  // Both gradients in one call (B and W together), the residual's in place or apart.
-  for (bool in_place : {false, true})
-    t.push_back({std::string("layernorm_backward") + (in_place ? "_in_place" : ""),
-                 [=](OpRun& r) {
-                   const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                   std::vector<float> mean, rstd;
-                   row_stats(x, kN, kC, mean, rstd);
-                   const std::vector<float> dres = r.randn(kN * kC, 5);
-                   Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
-                                        : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
-                   float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
-                   float* db = r.f32_inout("db", randn(kC, 7), kSum);
-                   r.ops.layernorm_backward(dinp, in_place ? dinp : r.act(dres),
-                                            r.act(r.randn(kN * kC, 4)), r.act(x),
-                                            r.act(r.randn(kC, 2)), r.f32(mean), r.f32(rstd), dw,
-                                            db, kN, kC);
-                 }});
   // RMSNorm at Llama's eps; its rows' 1/rms for the backward, in double.
   constexpr float kRmsEps = 1e-6f;
   auto rms_stats = [](const std::vector<float>& x) {

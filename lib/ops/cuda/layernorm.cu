@@ -61,24 +61,19 @@ __global__ void layernorm_forward_kernel(T* out, float* __restrict__ mean, float
   }
 }
 
-// dinp = dres + rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * w (dres may
-// be dinp).
-template <typename T, int W>
-__global__ void layernorm_backward_input_kernel(T* dinp, const T* dres, const T* dout,
-                                                const T* __restrict__ inp,
-                                                const T* __restrict__ w,
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd, int N, int C) {
-  const int row = warp_row(N);
-  if (row < 0) return;
+// One row's input gradient, by its warp: dinp = dres + rstd * (g - mean(g) - xhat *
+// mean(g * xhat)) with g = dout * w (dres may be dinp). With kSums, each lane also adds
+// its columns' dout * xhat to sum_w and dout to sum_b.
+template <typename T, int W, bool kSums>
+__device__ __forceinline__ void layernorm_backward_row(T* dinp, const T* dres, const T* dout,
+                                                       const T* inp, const T* w, float m,
+                                                       float rs, int C, float* sum_w,
+                                                       float* sum_b) {
   const int lane = threadIdx.x % 32;
-  const std::size_t off = static_cast<std::size_t>(row) * C;
-  const T* x = inp + off;
-  const T* d = dout + off;
-  const float m = mean[row], rs = rstd[row];
   float sum_g = 0.0f, sum_gx = 0.0f;
   for (int c = lane * W; c < C; c += 32 * W) {
-    const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
+    const Pack<T, W> px = load_pack<W>(inp + c), pd = load_pack<W>(dout + c),
+                     pw = load_pack<W>(w + c);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const float g = to_f32(pd.v[k]) * to_f32(pw.v[k]);
@@ -88,19 +83,36 @@ __global__ void layernorm_backward_input_kernel(T* dinp, const T* dres, const T*
   }
   const float mean_g = warp_sum(sum_g) / C;
   const float mean_gx = warp_sum(sum_gx) / C;
-  T* dx = dinp + off;
-  const T* base = dres + off;
   for (int c = lane * W; c < C; c += 32 * W) {
-    const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
-    Pack<T, W> r = load_pack<W>(base + c);
+    const Pack<T, W> px = load_pack<W>(inp + c), pd = load_pack<W>(dout + c),
+                     pw = load_pack<W>(w + c);
+    Pack<T, W> r = load_pack<W>(dres + c);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
       const float xhat = (to_f32(px.v[k]) - m) * rs;
-      const float g = to_f32(pd.v[k]) * to_f32(pw.v[k]);
+      const float d = to_f32(pd.v[k]);
+      const float g = d * to_f32(pw.v[k]);
       r.v[k] = from_f32<T>(to_f32(r.v[k]) + rs * (g - mean_g - xhat * mean_gx));
+      if constexpr (kSums) {
+        sum_w[c + k] += d * xhat;
+        sum_b[c + k] += d;
+      }
     }
-    store_pack<W>(dx + c, r);
+    store_pack<W>(dinp + c, r);
   }
+}
+
+template <typename T, int W>
+__global__ void layernorm_backward_input_kernel(T* dinp, const T* dres, const T* dout,
+                                                const T* __restrict__ inp,
+                                                const T* __restrict__ w,
+                                                const float* __restrict__ mean,
+                                                const float* __restrict__ rstd, int N, int C) {
+  const int row = warp_row(N);
+  if (row < 0) return;
+  const std::size_t off = static_cast<std::size_t>(row) * C;
+  layernorm_backward_row<T, W, false>(dinp + off, dres + off, dout + off, inp + off, w, mean[row],
+                                      rstd[row], C, nullptr, nullptr);
 }
 
 // Pass 1 of the weight gradient: for this block's 32 columns and chunk of rows,
@@ -166,37 +178,8 @@ __global__ void layernorm_backward_kernel(T* dinp, const T* dres, const T* dout,
   const int r1 = min(N, r0 + kColumnSumRows);
   for (int row = r0 + warp; row < r1; row += kRowsPerBlock) {
     const std::size_t off = static_cast<std::size_t>(row) * C;
-    const T* x = inp + off;
-    const T* d = dout + off;
-    const float m = mean[row], rs = rstd[row];
-    float row_g = 0.0f, row_gx = 0.0f;
-    for (int c = lane * W; c < C; c += 32 * W) {
-      const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float g = to_f32(pd.v[k]) * to_f32(pw.v[k]);
-        row_g += g;
-        row_gx += g * ((to_f32(px.v[k]) - m) * rs);
-      }
-    }
-    const float mean_g = warp_sum(row_g) / C;
-    const float mean_gx = warp_sum(row_gx) / C;
-    T* dx = dinp + off;
-    const T* base = dres + off;
-    for (int c = lane * W; c < C; c += 32 * W) {
-      const Pack<T, W> px = load_pack<W>(x + c), pd = load_pack<W>(d + c), pw = load_pack<W>(w + c);
-      Pack<T, W> r = load_pack<W>(base + c);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float xhat = (to_f32(px.v[k]) - m) * rs;
-        const float dk = to_f32(pd.v[k]);
-        const float g = dk * to_f32(pw.v[k]);
-        r.v[k] = from_f32<T>(to_f32(r.v[k]) + rs * (g - mean_g - xhat * mean_gx));
-        sum_w[c + k] += dk * xhat;
-        sum_b[c + k] += dk;
-      }
-      store_pack<W>(dx + c, r);
-    }
+    layernorm_backward_row<T, W, true>(dinp + off, dres + off, dout + off, inp + off, w,
+                                       mean[row], rstd[row], C, sum_w, sum_b);
   }
   __syncthreads();
   for (int c = threadIdx.x; c < C; c += kThreads) {
