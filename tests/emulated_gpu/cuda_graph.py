@@ -32,8 +32,9 @@ CASES = {
 }
 # Several ranks: 4 sequences a micro-batch as above, split over the layout.
 LAYOUTS = {
-    "pp2 1F1B, 4 micro-batches": ["parallel.pp=2", "parallel.micro_batches=4",
-                                  "train.precision=bf16"],
+    # 8 sequences of 64 x 64 in bf16: 64 KB pipeline messages.
+    "pp2 1F1B, 4 micro-batches of 8": ["parallel.pp=2", "parallel.micro_batches=4",
+                                       "parallel.micro_batch_size=8", "train.precision=bf16"],
     "pp2 ZB-V, 2 virtual stages": ["parallel.pp=2", "parallel.micro_batches=4",
                                    "parallel.schedule=zb-v", "parallel.virtual_stages=2", "model.n_layer=4",
                                    "train.precision=fp32"],
