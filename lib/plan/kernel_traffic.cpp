@@ -44,9 +44,12 @@ TilePairs tile_pairs(double T) {
   return p;
 }
 
-// out[R,C] += bias[C] (in place) and out = a + b over n elements: the unfused epilogue of
-// a row-parallel product under tensor parallelism.
-Traffic add_bias(double R, double C, double e) { return kernel(2 * R * C * e, R * C * e); }
+// out[R,C] += bias[C] (in place; each thread reads its bias once for the rows of its
+// block, at most 4096 blocks down the rows) and out = a + b over n elements: the unfused
+// epilogue of a row-parallel product under tensor parallelism.
+Traffic add_bias(double R, double C, double e) {
+  return kernel((R + std::min(R, 4096.0)) * C * e, R * C * e);
+}
 Traffic add(double n, double e) { return kernel(2 * n * e, n * e); }
 }  // namespace
 
@@ -55,6 +58,10 @@ Traffic& Traffic::operator+=(const Traffic& o) {
   return *this;
 }
 Traffic operator+(Traffic a, const Traffic& b) { return a += b; }
+Traffic operator-(Traffic a, const Traffic& b) {
+  a.launches -= b.launches, a.read -= b.read, a.written -= b.written, a.mma -= b.mma;
+  return a;
+}
 Traffic operator*(double k, Traffic a) {
   a.launches *= k, a.read *= k, a.written *= k, a.mma *= k;
   return a;
@@ -142,12 +149,17 @@ LayerTraffic layer_traffic(const LayerShape& s) {
   PassTraffic &f = L.forward, &b = L.backward_input, &w = L.backward_weight;
   // A row-parallel product with its bias and residual: one product (beta 1) where
   // nothing is summed over tp, else the product, then the bias and the residual added.
+  // A product of N rows whose input is gathered or whose output is summed over tp.
+  const double blocks = s.row_blocks ? s.t : 1;
+  const auto over_tp = [&](double Nout, double K, ProductEpilogue epi = {}) {
+    return blocks * product(N / blocks, Nout, K, e, e, epi);
+  };
   const auto row_parallel = [&](double K) {
     if (s.t == 1) {
       f.products += product(R, C, K, e, e, {.reads_c = true, .bias = bias});
       return;
     }
-    f.products += product(N, C, K, e, e);
+    f.products += over_tp(C, K);
     if (bias) f.kernels += add_bias(R, C, e);
     f.kernels += add(R * C, e);
   };
@@ -156,16 +168,17 @@ LayerTraffic layer_traffic(const LayerShape& s) {
     if (bias) w.kernels += add_column_sums(Cout);
   };
 
-  f.products += product(N, Ql, C, e, e, {.bias = bias});
+  f.products += over_tp(Ql, C, {.bias = bias});
   f.attention = flash_attention_forward(s.B, H, s.T, s.hs, e);
   row_parallel(Cl);
-  f.products += product(N, Gl, C, e, e, {.bias = bias, .aux_written = bias});
+  f.products += over_tp(Gl, C, {.bias = bias, .aux_written = bias});
   row_parallel(Fl);
   b.attention = flash_attention_backward(s.B, H, KV, s.T, s.hs, e);
   // The MLP's and the attention's input gradients: GPT-2's GELU rides the first product
   // (DGELU), llama's SwiGLU is a kernel of its own.
-  b.products += product(N, Fl, C, e, e, {.aux_read = bias}) + product(N, C, Gl, e, e) +
-                product(N, Cl, C, e, e) + product(N, C, Ql, e, e);
+  // The first product of each half reads the gathered output gradient.
+  b.products += over_tp(Fl, C, {.aux_read = bias}) + product(N, C, Gl, e, e) + over_tp(Cl, C) +
+                product(N, C, Ql, e, e);
   weight_grad(Fl, C);
   weight_grad(C, Gl);
   weight_grad(Cl, C);
@@ -187,26 +200,93 @@ LayerTraffic layer_traffic(const LayerShape& s) {
   return L;
 }
 
-LayerTraffic head_traffic(double B, double T, double C, double V, double Vp, bool llama,
-                          double e) {
-  const double N = B * T;
+LayerTraffic head_traffic(const HeadShape& s, int rank) {
+  const double N = s.B * s.T, R = s.sp ? N / s.t : N, C = s.C, e = s.e;
+  const double Vl = s.Vp / s.t;
+  const double real = std::clamp(s.V - rank * Vl, 0.0, Vl);  // this shard's real columns
   constexpr double kRowThreads = 512;
-  const double pack = 16 / e;  // the cross-entropy's loads: 16-byte packs (Vp is a multiple)
-  const double read_per_row = std::ceil(V / pack) * pack * e;
-  const Traffic cross_entropy =
-      kernel(N * (3 * read_per_row + kRowThreads * (4 + e)), N * (4 + Vp * e));
+  const double pack = 16 / e;  // the row's loads: 16-byte packs (Vl is a multiple)
+  const double row = std::ceil(real / pack) * pack * e;
+  Traffic cross_entropy;
+  if (s.t == 1) {
+    cross_entropy = kernel(N * (3 * row + kRowThreads * (4 + e)), N * (4 + Vl * e));
+  } else {
+    const double target = N * e * real / s.V;  // the targets' logits this rank holds
+    cross_entropy = kernel(N * row, N * 4) +                                        // maxima
+                    kernel(N * (row + kRowThreads * 4 + 4) + target, N * 8) +       // sums
+                    kernel(N * (row + kRowThreads * 12 + 4), N * (4 + Vl * e));     // finish
+  }
   const Traffic add_mean = kernel(N * 4 + 8, 8);
   LayerTraffic h;
   h.forward.kernels =
-      (llama ? rmsnorm_forward(N, C, e) : layernorm_forward(N, C, e)) + cross_entropy + add_mean;
-  h.forward.products = product(N, Vp, C, e, e);
+      (s.llama ? rmsnorm_forward(R, C, e) : layernorm_forward(R, C, e)) + cross_entropy + add_mean;
+  h.forward.products = product(N, Vl, C, e, e);
   h.backward_input.kernels =
-      llama ? rmsnorm_backward_input(N, C, e) : layernorm_backward_input(N, C, e);
-  h.backward_input.products = product(N, C, Vp, e, e);
+      s.llama ? rmsnorm_backward_input(R, C, e) : layernorm_backward_input(R, C, e);
+  h.backward_input.products = product(N, C, Vl, e, e);
   h.backward_weight.kernels =
-      llama ? rmsnorm_backward_weight(N, C, e) : layernorm_backward_weight(N, C, e);
-  h.backward_weight.products = product(Vp, C, N, e, 4, {.reads_c = true});
+      s.llama ? rmsnorm_backward_weight(R, C, e) : layernorm_backward_weight(R, C, e);
+  h.backward_weight.products = product(Vl, C, N, e, 4, {.reads_c = true});
   return h;
+}
+
+namespace {
+// The table gradient's blocks: threads for C / 4 column packs (a multiple of 32, at most
+// 256), each block a slice of threads * 4 columns by a shard of rows in 32 KiB of shared
+// memory (at most 64 rows).
+double table_grad_columns(double C) {
+  const double packs = std::ceil(C / 4);
+  return 4 * (packs >= 256 ? 256 : std::ceil(packs / 32) * 32);
+}
+}  // namespace
+
+double embedding_shard_rows(double C) {
+  return std::max(1.0, std::min(64.0, std::floor(8192 / table_grad_columns(C))));
+}
+
+TokenCounts uniform_tokens(double N, double V, double rows, double C) {
+  const double shard = embedding_shard_rows(C);
+  TokenCounts k;
+  k.positions = N * rows / V;
+  k.distinct = rows * (1 - std::pow(1 - 1 / V, N));
+  k.shards = std::ceil(rows / shard) * (1 - std::pow(1 - shard / V, N));
+  return k;
+}
+
+Traffic embedding_table_grad(const EmbeddingShape& s, const TokenCounts& k) {
+  const double N = s.B * s.T, cols = table_grad_columns(s.C);
+  const double slices = std::ceil(s.C / cols);
+  const double blocks = std::ceil(s.rows / embedding_shard_rows(s.C)) * slices;
+  const double touched = k.shards * slices;
+  return kernel((blocks + touched) * N * 4 + k.distinct * s.C * 4 + k.positions * s.C * s.e,
+                k.distinct * s.C * 4);
+}
+
+LayerTraffic embedding_traffic(const EmbeddingShape& s, const TokenCounts& k) {
+  const double N = s.B * s.T, C = s.C, e = s.e;
+  const bool vocab_parallel = s.t > 1 || s.cp > 1;
+  const double pieces = s.cp == 1 ? 1 : 2;
+  const double pack = 16 / e;
+  LayerTraffic m;
+  const bool positions_in_lookup = s.positions && !vocab_parallel;
+  m.forward.kernels = kernel(N * (C / pack) * 4 + k.positions * C * e +
+                                 (positions_in_lookup ? N * C * e : 0),
+                             N * C * e);
+  if (s.positions && vocab_parallel) {
+    const double held = (s.sp ? N / s.t : N) / pieces;
+    m.forward.kernels += pieces * add_bias(1, held * C, e);  // whole sequences: one row
+  }
+  m.backward_weight.kernels = embedding_table_grad(s, k);
+  if (!s.positions) return m;
+  if (s.cp == 1) {
+    const double TC = s.T * C;
+    m.backward_weight.kernels += kernel(TC * 4 + s.B * TC * e, TC * 4);
+  } else {  // each piece's rows of every sequence: column sums of B rows of len * C
+    const double width = s.T / pieces * C;
+    m.backward_weight.kernels +=
+        pieces * (kernel(s.B * width * e, chunks(s.B) * width * 4) + finish_column_sums(1, s.B, width));
+  }
+  return m;
 }
 
 }  // namespace pptrain

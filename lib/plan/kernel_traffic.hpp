@@ -18,6 +18,7 @@ struct Traffic {
   Traffic& operator+=(const Traffic& o);
 };
 Traffic operator+(Traffic a, const Traffic& b);
+Traffic operator-(Traffic a, const Traffic& b);
 Traffic operator*(double k, Traffic a);
 
 // Row-wise norms over R rows of C (one warp a row), with their weight gradients as chunked
@@ -60,6 +61,9 @@ struct LayerShape {
   double ffn = 0;                // the MLP's hidden width
   double t = 1;                  // tensor-parallel ranks
   bool sp = false;               // sequence parallelism: the norms hold N / t rows
+  // SP with parallel.overlap: the products that read gathered rows or write rows summed
+  // over tp run a row block (N / t) at a time, each reading the whole weight.
+  bool row_blocks = false;
   bool llama = false;            // RMSNorm, rope, SwiGLU, no biases; else GPT-2
   // W right after B (every schedule but the zero-bubble ones): GPT-2's norms compute their
   // weight gradients in B, with the input gradients.
@@ -75,11 +79,49 @@ struct LayerTraffic {
 };
 LayerTraffic layer_traffic(const LayerShape& s);
 
-// The last stage's head on one rank (no tensor parallelism): the final LayerNorm, the
-// logits product, the cross-entropy with its gradient (one kernel a row: the row read
-// three times, each of its 512 threads reading the target and its logit) and the loss's
-// mean; in B the product into the input gradient and the norm's; in W the head's weight
-// gradient and the norm's (RMSNorm for llama). V real and Vp padded vocabulary columns.
-LayerTraffic head_traffic(double B, double T, double C, double V, double Vp, bool llama, double e);
+// The last stage's head on tensor-parallel rank `rank` of t: the final norm (RMSNorm for
+// llama) on the rows it holds (N / t under SP), the logits product into its Vp / t
+// vocabulary columns and the cross-entropy with its gradient, then the loss's mean; in B
+// the product into the input gradient (summed over tp by NCCL) and the norm's; in W the
+// head's weight gradient and the norm's. Without tp the cross-entropy is one kernel a
+// row (the row read three times); with it three (row maxima, partial sums, finish), and
+// the target's logit is read by the rank holding it (here its share of the real columns,
+// so that the ranks' traffic sums to the whole). Every thread of a cross-entropy block
+// (512) reads the row's statistics. V real and Vp padded vocabulary columns.
+struct HeadShape {
+  double B = 0, T = 0, C = 0;
+  double V = 0, Vp = 0;
+  double t = 1;
+  bool sp = false, llama = false;
+  double e = 2;
+};
+LayerTraffic head_traffic(const HeadShape& s, int rank = 0);
+
+// What the embedding's backward reads depends on the tokens of a rank's vocabulary rows:
+// the positions holding one, the distinct ones, and the table gradient's shards (of
+// embedding_shard_rows(C) rows) with one.
+struct TokenCounts {
+  double positions = 0, distinct = 0, shards = 0;
+};
+double embedding_shard_rows(double C);
+// Their expectation for N tokens drawn uniformly from V, of which a rank holds `rows`.
+TokenCounts uniform_tokens(double N, double V, double rows, double C);
+
+// The first stage's embedding on one rank of t, over `rows` vocabulary rows and the
+// positions of B sequences of T (this rank's T / cp). F: the token rows looked up (each
+// thread reads its row's token); with the position table (GPT-2) added in the same pass,
+// or, vocab-parallel (tp or cp > 1), after the sum over tp on the held rows, one launch
+// per piece of whole sequences. W: the table gradient (each of its blocks reads every
+// token, twice where a shard has one; the rows that occur read and written once) and the
+// position table's (over the batch in one pass, or per piece as column sums under cp).
+struct EmbeddingShape {
+  double B = 0, T = 0, C = 0, rows = 0;
+  double t = 1, cp = 1;
+  bool sp = false, positions = true;
+  double e = 2;
+};
+LayerTraffic embedding_traffic(const EmbeddingShape& s, const TokenCounts& tokens);
+// The table gradient's kernel alone (part of embedding_traffic's W).
+Traffic embedding_table_grad(const EmbeddingShape& s, const TokenCounts& tokens);
 
 }  // namespace pptrain

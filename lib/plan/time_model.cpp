@@ -73,6 +73,7 @@ LayerTraffic gpu_layer_traffic(const Shape& s) {
   l.B = s.B, l.T = s.Tl, l.C = s.C, l.heads = s.heads, l.kv_heads = s.kv_heads, l.hs = s.hs;
   l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e;
   l.weight_follows_input = s.weights_follow_input;
+  l.row_blocks = s.sp && s.tp_beside;
   return layer_traffic(l);
 }
 
@@ -219,32 +220,51 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   return c;
 }
 
-// The last virtual stage's final norm, head and vocab-parallel cross-entropy. On one GPU
-// (no tp) the kernels are priced from what they move (kernel_traffic.hpp).
+// The last virtual stage's final norm, head and vocab-parallel cross-entropy. On a GPU
+// the kernels are priced from what they move on the rank with the most real vocabulary
+// columns, the first (kernel_traffic.hpp).
 StageCosts head_costs(const Shape& s) {
   const DeviceSpec& d = *s.dev;
   const double Vl = s.V / s.t, N = s.N, C = s.C, e = s.e;
-  if (!d.cpu && s.t == 1) {
-    const LayerTraffic h = head_traffic(s.B, s.Tl, C, s.vocab, s.V, s.gated, e);
-    return {gemm_seconds(d, N, Vl, C, e) + kernel_seconds(s, h.forward.kernels, 1),
-            gemm_seconds(d, N, C, Vl, e) + kernel_seconds(s, h.backward_input.kernels, 1),
-            gemm_seconds(d, Vl, C, N, e) + kernel_seconds(s, h.backward_weight.kernels, 1), 0};
-  }
   const double stats = s.t > 1 ? 2 * all_reduce_seconds(s.tp_link, N * 8, int(s.t)) : 0;
+  const double gather = s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0;
+  const double gemms[3] = {gemm_seconds(d, N, Vl, C, e), gemm_seconds(d, N, C, Vl, e),
+                           gemm_seconds(d, Vl, C, N, e)};
+  if (!d.cpu) {
+    HeadShape h;
+    h.B = s.B, h.T = s.Tl, h.C = C, h.V = s.vocab, h.Vp = s.V, h.t = s.t, h.sp = s.sp;
+    h.llama = s.gated, h.e = e;
+    const LayerTraffic t = head_traffic(h);
+    return {gemms[0] + kernel_seconds(s, t.forward.kernels, 1) + stats + gather,
+            gemms[1] + kernel_seconds(s, t.backward_input.kernels, 1) + tp_comm(s, 1, 0),
+            gemms[2] + kernel_seconds(s, t.backward_weight.kernels, 1), 0};
+  }
   StageCosts c{0, 0, 0, 0};
-  c.forward = memory_seconds(s, 2 * s.rows * C * e + 3 * N * Vl * e, 5) +
-              gemm_seconds(d, N, Vl, C, e) + stats + (s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0);
-  c.backward_input = gemm_seconds(d, N, C, Vl, e) + tp_comm(s, 1, 0) + memory_seconds(s, 3 * s.rows * C * e, 2);
-  c.backward_weight = gemm_seconds(d, Vl, C, N, e) + memory_seconds(s, 2 * s.rows * C * e, 2);
+  c.forward = memory_seconds(s, 2 * s.rows * C * e + 3 * N * Vl * e, 5) + gemms[0] + stats + gather;
+  c.backward_input = gemms[1] + tp_comm(s, 1, 0) + memory_seconds(s, 3 * s.rows * C * e, 2);
+  c.backward_weight = gemms[2] + memory_seconds(s, 2 * s.rows * C * e, 2);
   return c;
 }
 
-// The first virtual stage's embedding lookup and its weight gradient.
+// The first virtual stage's embedding lookup (its sum over tp) and its weight gradient
+// (SP gathers the input gradient's rows first). On a GPU the kernels are priced from what
+// they move, for tokens drawn uniformly (kernel_traffic.hpp).
 StageCosts embedding_costs(const Shape& s) {
   StageCosts c{0, 0, 0, 0};
-  c.forward = memory_seconds(s, 2 * s.N * s.C * s.e, 2) + tp_comm(s, s.t > 1 ? 1 : 0, 0);
-  c.backward_weight = memory_seconds(s, 3 * s.N * s.C * 4, 2) +
-                      (s.sp ? gather_seconds(s.tp_link, s.N * s.C * s.e, int(s.t)) : 0);
+  const double sum = tp_comm(s, s.t > 1 ? 1 : 0, 0);
+  const double gather = s.sp ? gather_seconds(s.tp_link, s.N * s.C * s.e, int(s.t)) : 0;
+  if (!s.dev->cpu) {
+    EmbeddingShape m;
+    m.B = s.B, m.T = s.Tl, m.C = s.C, m.rows = s.V / s.t, m.t = s.t, m.cp = s.cp, m.sp = s.sp;
+    m.positions = !s.gated, m.e = s.e;
+    const TokenCounts tokens = uniform_tokens(s.N, s.vocab, std::min(m.rows, s.vocab), s.C);
+    const LayerTraffic t = embedding_traffic(m, tokens);
+    c.forward = kernel_seconds(s, t.forward.kernels, 1) + sum;
+    c.backward_weight = kernel_seconds(s, t.backward_weight.kernels, 1) + gather;
+    return c;
+  }
+  c.forward = memory_seconds(s, 2 * s.N * s.C * s.e, 2) + sum;
+  c.backward_weight = memory_seconds(s, 3 * s.N * s.C * 4, 2) + gather;
   return c;
 }
 

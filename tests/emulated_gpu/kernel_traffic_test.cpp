@@ -4,8 +4,11 @@
 // that start-up, the head, the embedding and the other steps cancel. Every launch, byte
 // and tensor-core instruction of the layer's products, attention and other kernels must
 // be the model's (the optimizer's share of the layer, priced per parameter, is left out).
-// The head is the step at 2 layers less two layers' share, the embedding's kernels left
-// out (what they move depends on which tokens occur).
+// The ends (head and embedding) are the step at 2 layers less two layers' share, the
+// embedding table's gradient left out: what it moves depends on which tokens occur
+// (norm_embedding_emulation_test checks it for known tokens). Under tensor parallelism
+// the ranks' tables are summed: the ranks' layers are alike, and their vocabulary shards
+// together read each target's logit and each token's row once.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -29,19 +32,22 @@ struct Counted {
 using Table = std::map<std::string, Counted>;  // by kind: products, attention, kernels
 
 // The kind of a launch site ("file:line launcher"), or "" for what is left out: the
-// optimizer's (priced per parameter) and the embedding's. The loss's mean is the head's.
+// optimizer's (priced per parameter) and the embedding table's gradient. The loss's mean
+// is the head's.
 std::string kind_of(const std::string& site) {
   if (site.rfind("cublasLtMatmul", 0) == 0) return "products";
   if (site.rfind("flash_attention", 0) == 0) return "attention";
-  if (site.rfind("embedding.cu", 0) == 0) return "";
+  if (site.ends_with(" launch_wte_backward")) return "";
   if (site.rfind("optimizer.cu", 0) == 0) return site.ends_with(" add_mean") ? "kernels" : "";
   return "kernels";
 }
 
-Table run(const std::string& config, const std::vector<std::string>& sets, int layers, int steps,
-          const std::filesystem::path& dir) {
+// The tables of every rank of one run, summed.
+Table run(const std::string& config, const std::vector<std::string>& sets, int ranks, int layers,
+          int steps, const std::filesystem::path& dir) {
   const auto table = dir / ("table_" + std::to_string(layers) + "_" + std::to_string(steps) + ".md");
-  std::string cmd = "PPTRAIN_EMULATED_GPUS=1 PPTRAIN_EMULATED_KERNEL_TABLE=" + table.string() + " " +
+  std::string cmd = "PPTRAIN_EMULATED_GPUS=" + std::to_string(ranks) +
+                    " PPTRAIN_EMULATED_KERNEL_TABLE=" + table.string() + " " +
                     PPTRAIN_EMULATED_BINARY + " --config " + config;
   for (const std::string& s : sets) cmd += " --set " + s;
   cmd += " --set model.n_layer=" + std::to_string(layers) + " --set train.steps=" +
@@ -67,18 +73,18 @@ Table run(const std::string& config, const std::vector<std::string>& sets, int l
   return t;
 }
 
-// One layer's share of one step, and the head's, by kind.
+// One layer's share of one step, and the ends', by kind, over `ranks` ranks.
 struct Shares {
-  Table layer, head;
+  Table layer, ends;
 };
-Shares layer_step(const std::string& config, const std::vector<std::string>& sets,
+Shares layer_step(const std::string& config, const std::vector<std::string>& sets, int ranks,
                   const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("pptrain_kernel_traffic_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   Table t[2][2];  // [layers - 2][steps - 2]
   for (int l = 0; l < 2; ++l)
-    for (int s = 0; s < 2; ++s) t[l][s] = run(config, sets, 2 + l, 2 + s, dir);
+    for (int s = 0; s < 2; ++s) t[l][s] = run(config, sets, ranks, 2 + l, 2 + s, dir);
   std::filesystem::remove_all(dir);
   Shares out;
   for (const char* kind : {"products", "attention", "kernels"}) {
@@ -86,18 +92,20 @@ Shares layer_step(const std::string& config, const std::vector<std::string>& set
     auto layer = [&](double Counted::*f) {
       return (get(1, 1).*f - get(1, 0).*f) - (get(0, 1).*f - get(0, 0).*f);
     };
-    auto head = [&](double Counted::*f) { return get(0, 1).*f - get(0, 0).*f - 2 * layer(f); };
+    auto ends = [&](double Counted::*f) { return get(0, 1).*f - get(0, 0).*f - 2 * layer(f); };
     out.layer[kind] = {layer(&Counted::launches), layer(&Counted::read), layer(&Counted::written),
                        layer(&Counted::mma)};
-    out.head[kind] = {head(&Counted::launches), head(&Counted::read), head(&Counted::written),
-                      head(&Counted::mma)};
+    out.ends[kind] = {ends(&Counted::launches), ends(&Counted::read), ends(&Counted::written),
+                      ends(&Counted::mma)};
   }
   return out;
 }
 
-void expect_counted(const Table& counted, const LayerTraffic& model, const std::string& what) {
+// `counted` is `copies` times `model`.
+void expect_counted(const Table& counted, const LayerTraffic& model, const std::string& what,
+                    double copies = 1) {
   const auto sum = [&](Traffic PassTraffic::*kind) {
-    return model.forward.*kind + model.backward_input.*kind + model.backward_weight.*kind;
+    return copies * (model.forward.*kind + model.backward_input.*kind + model.backward_weight.*kind);
   };
   const std::map<std::string, Traffic> predicted = {{"products", sum(&PassTraffic::products)},
                                                     {"attention", sum(&PassTraffic::attention)},
@@ -111,31 +119,74 @@ void expect_counted(const Table& counted, const LayerTraffic& model, const std::
   }
 }
 
+// The ends on all t ranks: each rank's head, and its embedding without the table's
+// gradient, the ranks' shards holding N / t of the positions each (N together).
+LayerTraffic ends_traffic(const HeadShape& h, bool positions) {
+  EmbeddingShape m;
+  m.B = h.B, m.T = h.T, m.C = h.C, m.rows = h.Vp / h.t, m.t = h.t, m.sp = h.sp;
+  m.positions = positions, m.e = h.e;
+  TokenCounts tokens;
+  tokens.positions = h.B * h.T / h.t;
+  LayerTraffic sum;
+  for (int rank = 0; rank < int(h.t); ++rank) {
+    const LayerTraffic head = head_traffic(h, rank), embedding = embedding_traffic(m, tokens);
+    const Traffic table_grad = embedding_table_grad(m, tokens);
+    for (auto pass : {&LayerTraffic::forward, &LayerTraffic::backward_input,
+                      &LayerTraffic::backward_weight}) {
+      PassTraffic& p = sum.*pass;
+      p.products += (head.*pass).products;
+      p.kernels += (head.*pass).kernels + (embedding.*pass).kernels;
+    }
+    sum.backward_weight.kernels = sum.backward_weight.kernels - table_grad;
+  }
+  return sum;
+}
+
 const std::vector<std::string> kCommon = {
     "device=cuda",        "train.precision=bf16",      "parallel.micro_batches=1",
     "checkpoint.dir=",    "train.eval_every=0",        "train.eval_batches=1",
     "logging.metrics=",   "parallel.micro_batch_size=2", "model.seq_len=128"};
 
-TEST(KernelTraffic, Gpt2LayerIsWhatTheEmulatorCounts) {
+// The 2-layer GPT-2 of tiny.yaml at d_model 128 (4 heads of 32), T 128, B 2, bf16, on t
+// tensor-parallel ranks.
+void expect_gpt2(int t, bool sp, const std::string& name) {
   std::vector<std::string> sets = kCommon;
   sets.push_back("model.d_model=128");
+  sets.push_back("parallel.tp=" + std::to_string(t));
+  sets.push_back(std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"));
   const Shares counted =
-      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/tiny.yaml", sets, "gpt2");
+      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/tiny.yaml", sets, t, name);
   LayerShape s;
   s.B = 2, s.T = 128, s.C = 128, s.heads = s.kv_heads = 4, s.hs = 32, s.ffn = 4 * 128;
-  expect_counted(counted.layer, layer_traffic(s), "layer");
-  expect_counted(counted.head, head_traffic(2, 128, 128, 256, 256, false, 2), "head");
+  s.t = t, s.sp = sp, s.row_blocks = sp;  // parallel.overlap is on
+  expect_counted(counted.layer, layer_traffic(s), "layer", t);
+  HeadShape h;
+  h.B = 2, h.T = 128, h.C = 128, h.V = 256, h.Vp = 256, h.t = t, h.sp = sp;
+  expect_counted(counted.ends, ends_traffic(h, true), "ends");
 }
 
-TEST(KernelTraffic, LlamaLayerIsWhatTheEmulatorCounts) {
+// llama-tiny.yaml: d_model 64, 4 query and 2 key/value heads of 16, SwiGLU 192 wide.
+void expect_llama(int t, const std::string& name) {
+  std::vector<std::string> sets = kCommon;
+  sets.push_back("parallel.tp=" + std::to_string(t));
   const Shares counted =
-      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/llama-tiny.yaml", kCommon, "llama");
+      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/llama-tiny.yaml", sets, t, name);
   LayerShape s;
   s.B = 2, s.T = 128, s.C = 64, s.heads = 4, s.kv_heads = 2, s.hs = 16, s.ffn = 192;
-  s.llama = true;
-  expect_counted(counted.layer, layer_traffic(s), "layer");
-  expect_counted(counted.head, head_traffic(2, 128, 64, 256, 256, true, 2), "head");
+  s.t = t, s.llama = true;
+  expect_counted(counted.layer, layer_traffic(s), "layer", t);
+  HeadShape h;
+  h.B = 2, h.T = 128, h.C = 64, h.V = 256, h.Vp = 256, h.t = t, h.llama = true;
+  expect_counted(counted.ends, ends_traffic(h, false), "ends");
 }
+
+TEST(KernelTraffic, Gpt2LayerIsWhatTheEmulatorCounts) { expect_gpt2(1, false, "gpt2"); }
+TEST(KernelTraffic, LlamaLayerIsWhatTheEmulatorCounts) { expect_llama(1, "llama"); }
+// Vocab-parallel heads and embeddings; the row-parallel products' bias and residual adds.
+TEST(KernelTraffic, Gpt2TensorParallelWithSpIsWhatTheEmulatorCounts) {
+  expect_gpt2(2, true, "gpt2_tp2_sp");
+}
+TEST(KernelTraffic, LlamaTensorParallelIsWhatTheEmulatorCounts) { expect_llama(2, "llama_tp2"); }
 
 }  // namespace
 }  // namespace pptrain

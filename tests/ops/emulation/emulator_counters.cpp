@@ -6,6 +6,8 @@
 #include <map>
 #include <mutex>
 
+#include <sys/file.h>
+
 namespace pptrain_emu::counters {
 
 void Counts::add(const Counts& o) {
@@ -31,16 +33,20 @@ struct Sites {
     by_site[site].add(c);
     total.add(c);
   }
-  // PPTRAIN_EMULATED_KERNEL_TABLE=FILE: the table by launch site, at exit.
+  // PPTRAIN_EMULATED_KERNEL_TABLE=FILE: the table by launch site, at exit; the ranks of
+  // one job append theirs in turn (the file is locked while one writes).
   ~Sites() {
     const char* path = std::getenv("PPTRAIN_EMULATED_KERNEL_TABLE");
     std::FILE* f = path ? std::fopen(path, "a") : nullptr;
     if (f == nullptr) return;
+    ::flock(::fileno(f), LOCK_EX);
     std::fprintf(f, "| launch site | launches | global read | global written | shared read | "
                     "shared written | mma |\n|---|---:|---:|---:|---:|---:|---:|\n");
     for (const auto& [site, c] : by_site)
       std::fprintf(f, "| %s | %llu | %llu | %llu | %llu | %llu | %llu |\n", site.c_str(), c.launches,
                    c.global_read, c.global_written, c.shared_read, c.shared_written, c.mma);
+    std::fflush(f);
+    ::flock(::fileno(f), LOCK_UN);
     std::fclose(f);
   }
 };

@@ -5,11 +5,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "emulated_kernels.hpp"
 #include "emulation_test_util.hpp"
+#include "emulator_counters.hpp"
 #include "ops/cpu/cpu_ops.hpp"
+#include "plan/kernel_traffic.hpp"
 
 namespace pptrain::emulation_test {
 namespace {
@@ -169,6 +172,66 @@ TYPED_TEST(EmulatedEmbedding, BackwardAddsInPositionOrderLikeTheCpu) {
       EXPECT_TRUE(all_close(ddwte.read(), dwte, 0.0)) << B << "x" << Tn << "x" << C;
       EXPECT_TRUE(all_close(ddwpe.read(), dwpe, 0.0)) << B << "x" << Tn << "x" << C;
     }
+}
+
+// A device allocation holding `host`'s values (the counters see device memory only).
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+// What the table gradient's kernel reads and writes is the planner's model of it
+// (plan/kernel_traffic.hpp) for the tokens it is given: (B, T, C, vocab_rows) with one
+// column slice and several, one shard and several, repeated tokens and tokens of other
+// shards.
+TYPED_TEST(EmulatedEmbedding, TableGradientTrafficIsThePlannersModel) {
+#if defined(__GNUC__) && !defined(__clang__)
+  using T = TypeParam;
+  constexpr int kBegin = 5;
+  constexpr int kShapes[][4] = {{2, 5, 64, 13}, {3, 100, 300, 150}, {2, 9, 64, 150}, {2, 40, 1100, 70}};
+  for (const auto& [B, Tn, C, rows] : kShapes) {
+    const int BT = B * Tn;
+    const std::vector<int32_t> tokens = make_tokens(BT, kBegin, rows);
+    std::vector<T> dout(std::size_t(BT) * C);
+    for (std::size_t i = 0; i < dout.size(); ++i) {
+      const float v = float(i % 7) - 3.0f;
+      if constexpr (std::is_same_v<T, bf16>) dout[i] = __float2bfloat16_rn(v);
+      else dout[i] = v;
+    }
+    int32_t* dtok = device_copy(tokens);
+    T* ddout = device_copy(dout);
+    float* ddwte = device_copy(std::vector<float>(std::size_t(rows) * C, 1.0f));
+    const auto before = pptrain_emu::counters::totals();
+    kern::embedding_backward<T>(ddwte, nullptr, ddout, dtok, kBegin, rows, B, Tn, C, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto after = pptrain_emu::counters::totals();
+    for (void* p : {static_cast<void*>(dtok), static_cast<void*>(ddout), static_cast<void*>(ddwte)})
+      EXPECT_EQ(cudaFree(p), cudaSuccess);
+
+    const int shard_rows = int(embedding_shard_rows(C));
+    TokenCounts k;
+    std::set<int> distinct, shards;
+    for (const int32_t t : tokens)
+      if (t >= kBegin && t < kBegin + rows) {
+        k.positions += 1;
+        distinct.insert(t);
+        shards.insert((t - kBegin) / shard_rows);
+      }
+    k.distinct = double(distinct.size()), k.shards = double(shards.size());
+    EmbeddingShape m;
+    m.B = B, m.T = Tn, m.C = C, m.rows = rows, m.e = sizeof(T);
+    const Traffic model = embedding_table_grad(m, k);
+    EXPECT_EQ(double(after.launches - before.launches), model.launches) << B << "x" << Tn << "x" << C;
+    EXPECT_EQ(double(after.global_read - before.global_read), model.read) << B << "x" << Tn << "x" << C;
+    EXPECT_EQ(double(after.global_written - before.global_written), model.written)
+        << B << "x" << Tn << "x" << C;
+  }
+#else
+  GTEST_SKIP() << "the counters see kernel accesses only in a GCC build";
+#endif
 }
 
 }  // namespace
