@@ -88,7 +88,7 @@ void LlamaModel::layer_forward(int l, const LayerView& v) {
 }
 
 void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weights) {
-  const int N = B_ * T_, Nh = tp_.rows_held(), C = C_, Cl = NHl_ * hs_;
+  const int N = B_ * T_, C = C_, Cl = NHl_ * hs_;
   const auto w = layer_tensors<const ops::Act*>(l, weights());
   // MLP.
   // The output gradient is gathered row block by row block beside down_proj's
@@ -109,8 +109,10 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   tp_.reduce(dln2, v.dln2, C, [&] {  // column-parallel input gradient
     if (with_weights) mlp_weight_grads(l, v, ln2);
   });
-  // The residual's gradient plus the norm's, in one pass.
-  ops_.rmsnorm_backward_input(v.dres2, v.dout, v.dln2, v.res2, w.ln2, v.ln2_rstd, Nh, C);
+  // The residual's gradient plus the norm's, in one pass (with the norm's weight gradient
+  // where W follows B: norm_backward).
+  const auto g = layer_tensors<float*>(l, grads());
+  norm_backward(v.dres2, v.dout, v.dln2, v.res2, w.ln2, v.ln2_rstd, g.ln2);
   // Attention; q and k are rotated back after the attention's backward. dres2 is
   // gathered as dout was.
   ops::Act* datty = v.dx;  // scratch [N, Cl] (the size of dx's held rows) until dx is written
@@ -129,8 +131,19 @@ void LlamaModel::layer_backward_input(int l, const LayerView& v, bool with_weigh
   tp_.reduce(dln1, v.dln1, C, [&] {  // column-parallel input gradient
     if (with_weights) attention_weight_grads(l, v, ln1);
   });
-  ops_.rmsnorm_backward_input(v.dx, v.dres2, v.dln1, v.x, w.ln1, v.ln1_rstd, Nh, C);
-  if (with_weights) norm_weight_grads(l, v);
+  norm_backward(v.dx, v.dres2, v.dln1, v.x, w.ln1, v.ln1_rstd, g.ln1);
+}
+
+// Where W follows B (every schedule but the zero-bubble ones), a norm's weight gradient is
+// computed in B with its input gradient, in one pass over the rows; W skips it.
+void LlamaModel::norm_backward(ops::Act* dinp, const ops::Act* dresidual, const ops::Act* dout,
+                               const ops::Act* inp, const ops::Act* w, const float* rstd,
+                               float* dw) {
+  const int Nh = tp_.rows_held();
+  if (policy().weight_follows_input)
+    ops_.rmsnorm_backward(dinp, dresidual, dout, inp, w, rstd, dw, Nh, C_);
+  else
+    ops_.rmsnorm_backward_input(dinp, dresidual, dout, inp, w, rstd, Nh, C_);
 }
 
 // The RMSNorm gradients cover the held rows; under sequence parallelism GradSync sums
@@ -141,7 +154,7 @@ void LlamaModel::layer_backward_weight(int l, const LayerView& v) {
   const ops::Act* ln1 =
       tp_.gather(v.ln1, v.ln1_gathered, C_, [&] { mlp_weight_grads(l, v, ln2); });
   attention_weight_grads(l, v, ln1);
-  norm_weight_grads(l, v);
+  if (!policy().weight_follows_input) norm_weight_grads(l, v);
 }
 
 void LlamaModel::mlp_weight_grads(int l, const LayerView& v, const ops::Act* ln2) {

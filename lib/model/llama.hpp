@@ -39,6 +39,8 @@ class LlamaModel : public DecoderModel {
   void mlp_weight_grads(int layer, const LayerView& v, const ops::Act* ln2);
   void attention_weight_grads(int layer, const LayerView& v, const ops::Act* ln1);
   void norm_weight_grads(int layer, const LayerView& v);
+  void norm_backward(ops::Act* dinp, const ops::Act* dresidual, const ops::Act* dout,
+                     const ops::Act* inp, const ops::Act* w, const float* rstd, float* dw);
   void final_norm_forward(ops::Act* out, float* mean, float* rstd, const ops::Act* inp,
                           int rows) override;
   void final_norm_backward_input(ops::Act* dinp, const ops::Act* dout, const ops::Act* inp,

@@ -41,6 +41,12 @@ void Ops::layernorm_backward(Act* dinp, const Act* dresidual, const Act* dout, c
   layernorm_backward_weight(dw, db, dout, inp, mean, rstd, N, C);
 }
 
+void Ops::rmsnorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                           const Act* w, const float* rstd, float* dw, int N, int C) {
+  rmsnorm_backward_input(dinp, dresidual, dout, inp, w, rstd, N, C);
+  rmsnorm_backward_weight(dw, dout, inp, rstd, N, C);
+}
+
 void Ops::linear_forward(Act* out, Act* gelu_out, const Act* inp, const Act* w, const Act* bias,
                          int N, int Cin, int Cout) {
   gemm(false, false, N, Cout, Cin, 1.0f, inp, w, 0.0f, out);

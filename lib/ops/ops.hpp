@@ -257,6 +257,11 @@ class Ops {
   // dw += sum_n dout * inp * rstd.
   virtual void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp,
                                        const float* rstd, int N, int C) = 0;
+  // rmsnorm_backward_input, then rmsnorm_backward_weight, bit for bit (as
+  // layernorm_backward).
+  virtual void rmsnorm_backward(Act* dinp, const Act* dresidual, const Act* dout,
+                                const Act* inp, const Act* w, const float* rstd, float* dw, int N,
+                                int C);
   // SwiGLU: gate_up[N, 2F] holds the gate's F columns, then the up projection's;
   // out[N, F] = silu(gate) * up.
   virtual void swiglu_forward(Act* out, const Act* gate_up, int N, int F) = 0;

@@ -95,6 +95,10 @@ Traffic rmsnorm_backward_input(double R, double C, double e) {
 Traffic rmsnorm_backward_weight(double R, double C, double e) {
   return kernel(2 * R * C * e + 4 * R * C, chunks(R) * C * 4) + finish_column_sums(1, R, C);
 }
+Traffic rmsnorm_backward(double R, double C, double e) {
+  return kernel(7 * R * C * e + kWarp * 4 * R, R * C * e + chunks(R) * C * 4) +
+         finish_column_sums(1, R, C);
+}
 Traffic swiglu_forward(double N, double F, double e) { return kernel(2 * N * F * e, N * F * e); }
 Traffic swiglu_backward(double N, double F, double e) { return kernel(3 * N * F * e, 2 * N * F * e); }
 Traffic rope(double N, double heads, double hs, double e) {
@@ -185,12 +189,16 @@ LayerTraffic layer_traffic(const LayerShape& s) {
   weight_grad(C, Ql);
   if (s.llama) {
     f.kernels += 2 * rmsnorm_forward(R, C, e) + rope(N, H + KV, s.hs, e) + swiglu_forward(N, Fl, e);
-    b.kernels += 2 * rmsnorm_backward_input(R, C, e) + swiglu_backward(N, Fl, e) +
-                 rope(N, H + KV, s.hs, e);
-    w.kernels += 2 * rmsnorm_backward_weight(R, C, e);
+    b.kernels += swiglu_backward(N, Fl, e) + rope(N, H + KV, s.hs, e);
+    if (s.weight_follows_input) {  // the norms' weight gradients in B, in one pass
+      b.kernels += 2 * rmsnorm_backward(R, C, e);
+    } else {
+      b.kernels += 2 * rmsnorm_backward_input(R, C, e);
+      w.kernels += 2 * rmsnorm_backward_weight(R, C, e);
+    }
   } else {
     f.kernels += 2 * layernorm_forward(R, C, e);
-    if (s.weight_follows_input) {  // the norms' weight gradients in B, in one pass
+    if (s.weight_follows_input) {
       b.kernels += 2 * layernorm_backward(R, C, e);
     } else {
       b.kernels += 2 * layernorm_backward_input(R, C, e);

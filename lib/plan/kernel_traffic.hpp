@@ -30,6 +30,7 @@ Traffic layernorm_backward(double R, double C, double e);  // both in one pass
 Traffic rmsnorm_forward(double R, double C, double e);
 Traffic rmsnorm_backward_input(double R, double C, double e);
 Traffic rmsnorm_backward_weight(double R, double C, double e);
+Traffic rmsnorm_backward(double R, double C, double e);  // both in one pass
 // SwiGLU over N rows of F (gate|up is 2F wide); rope in place on N rows of `heads` heads.
 Traffic swiglu_forward(double N, double F, double e);
 Traffic swiglu_backward(double N, double F, double e);
@@ -65,7 +66,7 @@ struct LayerShape {
   // over tp run a row block (N / t) at a time, each reading the whole weight.
   bool row_blocks = false;
   bool llama = false;            // RMSNorm, rope, SwiGLU, no biases; else GPT-2
-  // W right after B (every schedule but the zero-bubble ones): GPT-2's norms compute their
+  // W right after B (every schedule but the zero-bubble ones): the norms compute their
   // weight gradients in B, with the input gradients.
   bool weight_follows_input = true;
   double e = 2;

@@ -172,9 +172,9 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
     const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
     const double gelu = 2 * N * Gl * e;
     others[0] = memory_seconds(s, rowwise + gelu, 10);
-    // GPT-2's norms compute their weight gradients in B where W follows B.
+    // The norms compute their weight gradients in B where W follows B.
     const double norm_weights = 2 * s.rows * C * e;
-    const bool norms_in_b = !s.gated && s.weights_follow_input;
+    const bool norms_in_b = s.weights_follow_input;
     others[1] = memory_seconds(s, 2 * (rowwise + gelu) + (norms_in_b ? norm_weights : 0), 12);
     others[2] = memory_seconds(s, 3 * N * C * e + (norms_in_b ? 0 : norm_weights), 8);
   } else {

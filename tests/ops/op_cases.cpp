@@ -343,18 +343,28 @@ std::vector<OpCase> make_cases() {
                  r.ops.rmsnorm_forward(out, rstd, r.act(r.randn(kN * kC, 1, 2.0f)),
                                        r.act(r.randn(kC, 2)), kN, kC, kRmsEps);
                }});
-  for (bool in_place : {false, true})
-    t.push_back({std::string("rmsnorm_backward_input") + (in_place ? "_in_place" : ""),
-                 [=](OpRun& r) {
-                   const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                   const std::vector<float> dres = r.randn(kN * kC, 5);
-                   Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
-                                        : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
-                   r.ops.rmsnorm_backward_input(dinp, in_place ? dinp : r.act(dres),
-                                                r.act(r.randn(kN * kC, 4)), r.act(x),
-                                                r.act(r.randn(kC, 2)), r.f32(rms_stats(x)), kN,
-                                                kC);
-                 }});
+  // As LayerNorm's: in place or apart, alone or with the weight gradient.
+  for (bool with_weights : {false, true})
+    for (bool in_place : {false, true})
+      t.push_back({std::string(with_weights ? "rmsnorm_backward" : "rmsnorm_backward_input") +
+                       (in_place ? "_in_place" : ""),
+                   [=](OpRun& r) {
+                     const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
+                     const std::vector<float> dres = r.randn(kN * kC, 5);
+                     Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
+                                          : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
+                     const Act* residual = in_place ? dinp : r.act(dres);
+                     const Act* dout = r.act(r.randn(kN * kC, 4));
+                     const Act* w = r.act(r.randn(kC, 2));
+                     if (!with_weights) {
+                       r.ops.rmsnorm_backward_input(dinp, residual, dout, r.act(x), w,
+                                                    r.f32(rms_stats(x)), kN, kC);
+                       return;
+                     }
+                     float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
+                     r.ops.rmsnorm_backward(dinp, residual, dout, r.act(x), w, r.f32(rms_stats(x)),
+                                            dw, kN, kC);
+                   }});
   t.push_back({"rmsnorm_backward_weight", [=](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
                  float* dw = r.f32_inout("dw", randn(kC, 6), kSum);

@@ -122,6 +122,8 @@ class CudaOps final : public Ops {
                               const Act* w, const float* rstd, int N, int C) override;
   void rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp, const float* rstd,
                                int N, int C) override;
+  void rmsnorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                        const Act* w, const float* rstd, float* dw, int N, int C) override;
   void swiglu_forward(Act* out, const Act* gate_up, int N, int F) override;
   void swiglu_backward(Act* dgate_up, const Act* dout, const Act* gate_up, int N,
                        int F) override;

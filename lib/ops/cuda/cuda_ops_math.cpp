@@ -197,6 +197,20 @@ void CudaOps::rmsnorm_backward_weight(float* dw, const Act* dout, const Act* inp
                N, C, scratch);
 }
 
+// One pass where the norm's shared memory fits the device (C up to about 7,000 on an
+// H100); the two kernels otherwise.
+void CudaOps::rmsnorm_backward(Act* dinp, const Act* dresidual, const Act* dout, const Act* inp,
+                               const Act* w, const float* rstd, float* dw, int N, int C) {
+  if (cuda::rmsnorm_backward_shared_bytes(C) > std::size_t(max_smem_optin_)) {
+    Ops::rmsnorm_backward(dinp, dresidual, dout, inp, w, rstd, dw, N, C);
+    return;
+  }
+  auto* scratch = static_cast<float*>(
+      workspace(cuda::rmsnorm_backward_weight_scratch_floats(N, C) * sizeof(float)));
+  launch_typed([](auto... args) { cuda::rmsnorm_backward(args...); }, dinp, dresidual, dout, inp,
+               w, rstd, dw, N, C, scratch, max_smem_optin_);
+}
+
 void CudaOps::swiglu_forward(Act* out, const Act* gate_up, int N, int F) {
   launch_typed([](auto... args) { cuda::swiglu_forward(args...); }, out, gate_up, N, F);
 }

@@ -76,6 +76,15 @@ template <typename T>
 void rmsnorm_backward_weight(float* dw, const T* dout, const T* inp, const float* rstd, int N,
                              int C, float* scratch, cudaStream_t s);
 std::size_t rmsnorm_backward_weight_scratch_floats(int N, int C);
+// Both, bit-identical to rmsnorm_backward_input then rmsnorm_backward_weight, in one pass
+// over the rows (as layernorm_backward): rmsnorm_backward_weight_scratch_floats(N, C)
+// floats of scratch and rmsnorm_backward_shared_bytes(C) of shared memory, at most
+// max_shared.
+template <typename T>
+void rmsnorm_backward(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                      const float* rstd, float* dw, int N, int C, float* scratch, int max_shared,
+                      cudaStream_t s);
+std::size_t rmsnorm_backward_shared_bytes(int C);
 template <typename T> void swiglu_forward(T* out, const T* gate_up, int N, int F, cudaStream_t s);
 template <typename T>
 void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int N, int F, cudaStream_t s);

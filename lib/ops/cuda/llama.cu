@@ -29,37 +29,81 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
   if (lane == 0) rstd[row] = r;
 }
 
-// dinp = dres + r (g - x r^2 mean(g x)), g = dout * w (dres may be dinp).
-template <typename T>
-__global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
-                                              const T* w, const float* rstd, int N, int C) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const std::size_t off = static_cast<std::size_t>(row) * C;
+// One row's input gradient, by its warp: dinp = dres + r (g - x r^2 mean(g x)), g = dout
+// * w (dres may be dinp). With kSums each lane also adds its columns' dout * (x r) to sum_w.
+template <typename T, bool kSums>
+__device__ __forceinline__ void rmsnorm_backward_row(T* dinp, const T* dres, const T* dout,
+                                                     const T* inp, const T* w, float r, int C,
+                                                     float* sum_w) {
+  const int lane = threadIdx.x % 32;
   float gx = 0.0f;
-  for (int c = lane; c < C; c += 32)
-    gx += to_f32(dout[off + c]) * to_f32(w[c]) * to_f32(inp[off + c]);
+  for (int c = lane; c < C; c += 32) gx += to_f32(dout[c]) * to_f32(w[c]) * to_f32(inp[c]);
   gx = warp_sum(gx);
-  const float r = rstd[row], k = gx / static_cast<float>(C) * r * r;
+  const float k = gx / static_cast<float>(C) * r * r;
   for (int c = lane; c < C; c += 32) {
-    const float g = to_f32(dout[off + c]) * to_f32(w[c]);
-    dinp[off + c] = from_f32<T>(to_f32(dres[off + c]) + r * (g - to_f32(inp[off + c]) * k));
+    const float d = to_f32(dout[c]), x = to_f32(inp[c]);
+    dinp[c] = from_f32<T>(to_f32(dres[c]) + r * (d * to_f32(w[c]) - x * k));
+    if constexpr (kSums) sum_w[c] += d * (x * r);
   }
 }
 
-// part[k * C + c] = sum over chunk k's rows of dout * inp * rstd.
+template <typename T>
+__global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
+                                              const T* w, const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= N) return;
+  const std::size_t off = static_cast<std::size_t>(row) * C;
+  rmsnorm_backward_row<T, false>(dinp + off, dres + off, dout + off, inp + off, w, rstd[row], C,
+                                 nullptr);
+}
+
+// Pass 1 of the weight gradient: part[chunk, c] = sum over the chunk's rows of dout * (inp
+// * rstd). Block (32, 8): x over 32 columns, thread row y adds rows y, y + 8, ... of the
+// chunk; then the 8 sums are added in order.
 template <typename T>
 __global__ void rmsnorm_weight_partial_kernel(float* part, const T* dout, const T* inp,
                                               const float* rstd, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
-  if (c >= C) return;
-  const int end = (k + 1) * kColumnSumRows < N ? (k + 1) * kColumnSumRows : N;
+  __shared__ float tile[kRowsPerBlock][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * kColumnSumRows, r1 = min(N, r0 + kColumnSumRows);
   float acc = 0.0f;
-  for (int n = k * kColumnSumRows; n < end; ++n) {
-    const std::size_t i = static_cast<std::size_t>(n) * C + c;
-    acc += to_f32(dout[i]) * (to_f32(inp[i]) * rstd[n]);
+  if (c < C)
+    for (int r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {
+      const std::size_t i = static_cast<std::size_t>(r) * C + c;
+      acc += to_f32(dout[i]) * (to_f32(inp[i]) * rstd[r]);
+    }
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float sum = 0.0f;
+  for (int k = 0; k < kRowsPerBlock; ++k) sum += tile[k][threadIdx.x];
+  part[static_cast<std::size_t>(blockIdx.y) * C + c] = sum;
+}
+
+// The input gradient with pass 1 of the weight gradient, in one pass: block b takes chunk
+// b of kColumnSumRows rows and its warp w the chunk's rows w, w + 8, ..., as the partial
+// kernel's thread row w does; each lane adds its columns into its warp's row of shared
+// memory, then the warps' sums are added in warp order. The same operations in the same
+// order: bit-identical to the two kernels. Shared memory: 8 warps x C floats.
+template <typename T>
+__global__ void rmsnorm_backward_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
+                                        const T* w, const float* rstd, float* part, int N, int C) {
+  extern __shared__ float sums[];  // [warp][C]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* sum_w = sums + static_cast<std::size_t>(warp) * C;
+  for (int c = lane; c < C; c += 32) sum_w[c] = 0.0f;  // a lane's own columns
+  const int r0 = static_cast<int>(blockIdx.x) * kColumnSumRows, r1 = min(N, r0 + kColumnSumRows);
+  for (int row = r0 + warp; row < r1; row += kRowsPerBlock) {
+    const std::size_t off = static_cast<std::size_t>(row) * C;
+    rmsnorm_backward_row<T, true>(dinp + off, dres + off, dout + off, inp + off, w, rstd[row], C,
+                                  sum_w);
   }
-  part[static_cast<std::size_t>(k) * C + c] = acc;
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += kThreads) {
+    float total = 0.0f;
+    for (int k = 0; k < kRowsPerBlock; ++k) total += sums[static_cast<std::size_t>(k) * C + c];
+    part[static_cast<std::size_t>(blockIdx.x) * C + c] = total;
+  }
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -153,8 +197,31 @@ void rmsnorm_backward_weight(float* dw, const T* dout, const T* inp, const float
   PPTRAIN_CHECK(dw && dout && inp && rstd && scratch, "rmsnorm_backward_weight: null pointer");
   const int chunks = column_sum_chunks(N);
   PPTRAIN_CHECK(chunks <= 65535, "rmsnorm_backward_weight: too many rows");
-  rmsnorm_weight_partial_kernel<T><<<dim3((C + kThreads - 1) / kThreads, chunks), kThreads, 0, s>>>(
+  rmsnorm_weight_partial_kernel<T><<<dim3((C + 31) / 32, chunks), dim3(32, kRowsPerBlock), 0, s>>>(
       scratch, dout, inp, rstd, N, C);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+  column_sum_finish<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dw, scratch, chunks, C);
+  PPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+std::size_t rmsnorm_backward_shared_bytes(int C) {
+  return std::size_t(kRowsPerBlock) * std::size_t(C) * sizeof(float);
+}
+
+template <typename T>
+void rmsnorm_backward(T* dinp, const T* dresidual, const T* dout, const T* inp, const T* w,
+                      const float* rstd, float* dw, int N, int C, float* scratch, int max_shared,
+                      cudaStream_t s) {
+  check_rows("rmsnorm_backward", N, C);
+  if (N == 0 || C == 0) return;
+  PPTRAIN_CHECK(dinp && dresidual && dout && inp && w && rstd && dw && scratch,
+                "rmsnorm_backward: null pointer");
+  const std::size_t shared = rmsnorm_backward_shared_bytes(C);
+  PPTRAIN_CHECK(shared <= std::size_t(max_shared), "rmsnorm_backward: C too large");
+  const int chunks = column_sum_chunks(N);
+  allow_smem(rmsnorm_backward_kernel<T>, std::size_t(max_shared));
+  rmsnorm_backward_kernel<T><<<chunks, kThreads, shared, s>>>(dinp, dresidual, dout, inp, w, rstd,
+                                                              scratch, N, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
   column_sum_finish<<<(C + kThreads - 1) / kThreads, kThreads, 0, s>>>(dw, scratch, chunks, C);
   PPTRAIN_CUDA_CHECK_LAUNCH();
@@ -202,6 +269,8 @@ void rope(T* x, int N, int T_, int stride, int heads, int head_size, float theta
                                           const float*, int, int, cudaStream_t);                \
   template void rmsnorm_backward_weight<T>(float*, const T*, const T*, const float*, int, int,  \
                                            float*, cudaStream_t);                               \
+  template void rmsnorm_backward<T>(T*, const T*, const T*, const T*, const T*, const float*,   \
+                                    float*, int, int, float*, int, cudaStream_t);               \
   template void swiglu_forward<T>(T*, const T*, int, int, cudaStream_t);                        \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int, cudaStream_t);             \
   template void rope<T>(T*, int, int, int, int, int, float, bool, int, cudaStream_t);

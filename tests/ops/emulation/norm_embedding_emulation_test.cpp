@@ -1,6 +1,7 @@
-// The LayerNorm (layernorm.cu) and embedding (embedding.cu) kernels under the CUDA
-// emulator against the CPU backend, for float and bf16 elements, on shapes that take the
-// 16-byte packs and shapes (or pointers) that do not.
+// The LayerNorm (layernorm.cu), RMSNorm (llama.cu) and embedding (embedding.cu) kernels
+// under the CUDA emulator against the CPU backend (RMSNorm's one pass against its two
+// kernels), for float and bf16 elements, on shapes that take the 16-byte packs and
+// shapes (or pointers) that do not.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -114,6 +115,39 @@ TYPED_TEST(EmulatedNorm, LayerNormBackwardInOnePassEqualsTheTwoKernels) {
       EXPECT_EQ(got2.read(), got1.read()) << N << "x" << C << (in_place ? ", in place" : "");
       EXPECT_EQ(dw2.read(), dw1.read()) << N << "x" << C;
       EXPECT_EQ(db2.read(), db1.read()) << N << "x" << C;
+    }
+}
+
+// RMSNorm's one pass against its two kernels, bit for bit, as LayerNorm's.
+TYPED_TEST(EmulatedNorm, RmsNormBackwardInOnePassEqualsTheTwoKernels) {
+  using T = TypeParam;
+  int max_shared = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  for (const auto& [N, C, skew] : kNormShapes)
+    for (const bool in_place : {true, false}) {
+      const std::size_t n = std::size_t(N) * C;
+      const std::vector<float> x = rounded<T>(randn(n, 4, 2.0f)), w = rounded<T>(randn(C, 5)),
+                               dout = rounded<T>(randn(n, 7)), dres = rounded<T>(randn(n, 8)),
+                               dw = randn(C, 9);
+      std::vector<float> y(n), rstd(N);
+      this->cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+      Device<T> ddout(dout, skew), dx(x, skew), dwt(w), dres1(dres, skew), dres2(dres, skew);
+      Device<T> dinp1(n, skew), dinp2(n, skew);
+      Device<float> drstd(rstd), dw1(dw), dw2(dw);
+      Device<float> scratch(kern::rmsnorm_backward_weight_scratch_floats(N, C));
+      T* out1 = in_place ? dres1.get() : dinp1.get();
+      T* out2 = in_place ? dres2.get() : dinp2.get();
+      kern::rmsnorm_backward_input<T>(out1, dres1.get(), ddout.get(), dx.get(), dwt.get(),
+                                      drstd.get(), N, C, nullptr);
+      kern::rmsnorm_backward_weight<T>(dw1.get(), ddout.get(), dx.get(), drstd.get(), N, C,
+                                       scratch.get(), nullptr);
+      kern::rmsnorm_backward<T>(out2, dres2.get(), ddout.get(), dx.get(), dwt.get(), drstd.get(),
+                                dw2.get(), N, C, scratch.get(), max_shared, nullptr);
+      const Device<T>& got1 = in_place ? dres1 : dinp1;
+      const Device<T>& got2 = in_place ? dres2 : dinp2;
+      EXPECT_EQ(got2.read(), got1.read()) << N << "x" << C << (in_place ? ", in place" : "");
+      EXPECT_EQ(dw2.read(), dw1.read()) << N << "x" << C;
     }
 }
 
