@@ -75,6 +75,13 @@ ops::Ops::SeqPiece RingAttention::keys(const ops::Act* block, int p, int owner) 
   return {rows(block, p, Wkv_), ring_.split.first(p, owner), len_};
 }
 
+// Pieces are whole blocks of positions: piece p's queries see all of piece k's keys when
+// that piece comes first, the causal half when it is the same piece, none when it comes
+// after (that step is skipped: its output would keep what it holds, its gradients 0).
+bool RingAttention::sees(int p, int k, int owner) const {
+  return ring_.split.first(k, owner) <= ring_.split.first(p, ring_.split.rank);
+}
+
 const ops::Act* RingAttention::own_block(const ops::Act* qkv) {
   ops_.copy_columns(own_.act(), Wkv_, 0, qkv, W_, C_, B_ * ring_.split.local_len(), Wkv_);
   return own_.act();
@@ -90,9 +97,10 @@ void RingAttention::forward(ops::Act* out, void* state, const ops::Act* qkv) {
       // Step 0 starts from the diagonal, where every query sees at least itself.
       const int order[2] = {s == 0 ? p : 0, s == 0 ? 1 - p : 1};
       for (int k : order)
-        ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), queries(qkv, p),
-                                         keys(held, k, owner), B_, C_, NH_, NKV_,
-                                         s == 0 && k == p);
+        if (sees(p, k, owner))
+          ops_.ring_attention_forward_step(rows(out, p, C_), state_of(state, p), queries(qkv, p),
+                                           keys(held, k, owner), B_, C_, NH_, NKV_,
+                                           s == 0 && k == p);
       progress(pass.get());
     }
     if (pass) {
@@ -119,10 +127,11 @@ void RingAttention::backward(ops::Act* dqkv, const ops::Act* dout, const ops::Ac
     std::unique_ptr<comm::PendingOp> block_pass = pass_on(held, s);
     for (int p = 0; p < 2; ++p) {
       for (int k = 0; k < 2; ++k)
-        ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(mine, k, Wkv_),
-                                          rows(dout, p, C_), rows(out, p, C_),
-                                          state_of(state, p), queries(qkv, p),
-                                          keys(held, k, owner), B_, C_, NH_, NKV_);
+        if (sees(p, k, owner))
+          ops_.ring_attention_backward_step(rows(dqkv, p, W_), rows(mine, k, Wkv_),
+                                            rows(dout, p, C_), rows(out, p, C_),
+                                            state_of(state, p), queries(qkv, p),
+                                            keys(held, k, owner), B_, C_, NH_, NKV_);
       progress(block_pass.get());
       progress(grad_pass.get());
     }

@@ -54,6 +54,8 @@ class RingAttention {
   // Piece p of this rank's queries (q|k|v rows), and of the k|v block of rank `owner`.
   ops::Ops::SeqPiece queries(const ops::Act* qkv, int p) const;
   ops::Ops::SeqPiece keys(const ops::Act* block, int p, int owner) const;
+  // Whether any query of this rank's piece p sees a key of piece k of owner's block.
+  bool sees(int p, int k, int owner) const;
   // This rank's own k|v block, from the k|v columns of qkv.
   const ops::Act* own_block(const ops::Act* qkv);
   // At step s: sends `held` on to the next rank and receives the previous rank's block

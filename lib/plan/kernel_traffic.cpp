@@ -27,22 +27,65 @@ Traffic finish_column_sums(double sums, double R, double C) {
   return kernel(sums * chunks(R) * C * 4 + grads, grads);
 }
 
-// The causal tile pairs of one head, and the rows of the other side they read: a query
-// tile i meets key tiles 0..i (min(64 (i + 1), T) key rows), a key tile j the query tiles
-// j.. (T - 64 j query rows).
-struct TilePairs {
-  double pairs = 0, key_rows = 0, query_rows = 0;
+// Query rows [0, Lq) against key rows [0, Lk) of one head, query i at d positions after
+// key i (d = the pieces' first positions' difference): it sees keys j <= i + d. Per query
+// tile: the key tiles its queries see and their rows; per key tile: the query rows from
+// the first tile that sees it; the queries that see any key.
+struct Geometry {
+  double tile_pairs = 0, key_rows = 0;        // the query tiles' side
+  double key_pairs = 0, query_rows = 0;       // the key tiles' side
+  double live = 0;
 };
-TilePairs tile_pairs(double T) {
-  TilePairs p;
-  const double tiles = std::ceil(T / kTile);
-  for (double i = 0; i < tiles; ++i) {
-    p.pairs += i + 1;
-    p.key_rows += std::min(kTile * (i + 1), T);
-    p.query_rows += T - kTile * i;
+Geometry geometry(double Lq, double Lk, double d) {
+  Geometry g;
+  for (double q0 = 0; q0 < Lq; q0 += kTile) {
+    const double keys = std::max(0.0, std::min(Lk, q0 + kTile + d));
+    const double tiles = std::ceil(keys / kTile);
+    g.tile_pairs += tiles;
+    g.key_rows += std::min(kTile * tiles, Lk);
   }
-  return p;
+  for (double k0 = 0; k0 < Lk; k0 += kTile) {
+    const double query = k0 - d, first = query <= 0 ? 0 : std::floor(query / kTile) * kTile;
+    if (first >= Lq) continue;
+    g.key_pairs += std::ceil((Lq - first) / kTile);
+    g.query_rows += Lq - first;
+  }
+  g.live = Lk > 0 ? std::max(0.0, Lq - std::max(0.0, -d)) : 0;
+  return g;
 }
+
+// The forward kernel over B*H heads: Q once, K and V for each key tile a query tile meets;
+// the live rows' output and log-sum-exp written, or merged (the output and every lane of
+// a row's four reading the log-sum-exp first). Two 64 x 64 x hs products a pair.
+Traffic flash_forward_launch(double heads, double Lq, double Lk, double d, double hs, double e,
+                             bool write) {
+  const Geometry g = geometry(Lq, Lk, d);
+  Traffic t = kernel(heads * ((Lq + 2 * g.key_rows) * hs * e + (write ? 0 : g.live * (hs * e + 16))),
+                     heads * g.live * (hs * e + 4));
+  t.mma = heads * g.tile_pairs * 4 * hs;
+  return t;
+}
+
+// The backward's three kernels: the row dots (dO . O); dQ (Q, dO, the row statistics once,
+// K and V per pair; 3 products a pair); dK/dV, one block per key/value head's tile (K and V
+// once, Q, dO and the row statistics per pair; 4 products a pair). Gradients written, or
+// added (read first).
+Traffic flash_backward_launch(double B, double H, double KV, double Lq, double Lk, double d,
+                              double hs, double e, bool add) {
+  const Geometry g = geometry(Lq, Lk, d);
+  const double heads = B * H, kv = B * KV, sum = add ? 2 : 1;
+  Traffic dots = kernel(heads * 2 * Lq * hs * e, heads * 4 * Lq);
+  Traffic dq = kernel(heads * ((2 * Lq + 2 * g.key_rows + (sum - 1) * Lq) * hs * e + 8 * Lq),
+                      heads * Lq * hs * e);
+  dq.mma = heads * g.tile_pairs * 6 * hs;
+  Traffic dkv = kernel(kv * sum * 2 * Lk * hs * e + heads * g.query_rows * (2 * hs * e + 8),
+                       kv * 2 * Lk * hs * e);
+  dkv.mma = heads * g.key_pairs * 8 * hs;
+  return dots + dq + dkv;
+}
+
+// copy_columns of rows x cols elements.
+Traffic copy(double n, double e) { return kernel(n * e, n * e); }
 
 // out[R,C] += bias[C] (in place; each thread reads its bias once for the rows of its
 // block, at most 4096 blocks down the rows) and out = a + b over n elements: the unfused
@@ -107,29 +150,40 @@ Traffic rope(double N, double heads, double hs, double e) {
 }
 Traffic add_column_sums(double C) { return finish_column_sums(1, 1, C); }
 
-// Q once, K and V for each key tile a query tile meets; the output and log-sum-exps
-// written. Per pair two 64 x 64 x hs products: 4 hs instructions.
 Traffic flash_attention_forward(double B, double H, double T, double hs, double e) {
-  const TilePairs p = tile_pairs(T);
-  const double heads = B * H;
-  Traffic t = kernel(heads * (T + 2 * p.key_rows) * hs * e, heads * (T * hs * e + 4 * T));
-  t.mma = heads * p.pairs * 4 * hs;
-  return t;
+  return flash_forward_launch(B * H, T, T, 0, hs, e, true);
 }
 
-// The row dots (dO . O); the dQ kernel (Q, dO, the row statistics once, K and V per pair;
-// 3 products a pair); the dK/dV kernel, one block per key/value head's tile (K and V
-// once, Q, dO and the row statistics per pair; 4 products a pair).
 Traffic flash_attention_backward(double B, double H, double KV, double T, double hs, double e) {
-  const TilePairs p = tile_pairs(T);
-  const double heads = B * H, kv = B * KV;
-  Traffic dots = kernel(heads * 2 * T * hs * e, heads * 4 * T);
-  Traffic dq = kernel(heads * ((2 * T + 2 * p.key_rows) * hs * e + 8 * T), heads * T * hs * e);
-  dq.mma = heads * p.pairs * 6 * hs;
-  Traffic dkv = kernel(kv * 2 * T * hs * e + heads * p.query_rows * (2 * hs * e + 8),
-                       kv * 2 * T * hs * e);
-  dkv.mma = heads * p.pairs * 8 * hs;
-  return dots + dq + dkv;
+  return flash_backward_launch(B, H, KV, T, T, 0, hs, e, false);
+}
+
+RingTraffic ring_attention(double B, double H, double KV, double T, double cp, int rank,
+                           double hs, double e) {
+  const double len = T / 2, rows = B * T, block = rows * 2 * KV * hs;  // k|v of the held rows
+  const int n = int(cp), r = rank;
+  const int queries[2] = {r, 2 * n - 1 - r};  // this rank's pieces of the sequence
+  RingTraffic t;
+  t.forward_kernels = copy(block, e);  // its own k|v block
+  t.backward_kernels = copy(block, e) + copy(block, e);  // again; and its returned gradient
+  for (int step = 0; step < n; ++step) {
+    const int owner = (r - step + n) % n, keys[2] = {owner, 2 * n - 1 - owner};
+    Traffic forward, backward;
+    for (int p = 0; p < 2; ++p) {
+      // The order RingAttention::forward takes: at step 0 the diagonal first, written.
+      const int order[2] = {step == 0 ? p : 0, step == 0 ? 1 - p : 1};
+      for (int k : order) {
+        if (keys[k] > queries[p]) continue;  // no query sees a key: skipped
+        const double d = (queries[p] - keys[k]) * len;
+        forward += flash_forward_launch(B * H, len, len, d, hs, e, step == 0 && k == p);
+        backward += flash_backward_launch(B, H, KV, len, len, d, hs, e, true);
+      }
+    }
+    t.forward_steps.push_back(forward);
+    t.backward_steps.push_back(backward);
+    if (step > 0) t.backward_kernels += add(block, e);  // the arriving gradient
+  }
+  return t;
 }
 
 Traffic product(double M, double N, double K, double a, double d, ProductEpilogue epi) {
@@ -173,11 +227,19 @@ LayerTraffic layer_traffic(const LayerShape& s) {
   };
 
   f.products += over_tp(Ql, C, {.bias = bias});
-  f.attention = flash_attention_forward(s.B, H, s.T, s.hs, e);
+  if (s.cp > 1) {
+    const RingTraffic ring = ring_attention(s.B, H, KV, s.T, s.cp, s.rank, s.hs, e);
+    for (const Traffic& step : ring.forward_steps) f.attention += step;
+    for (const Traffic& step : ring.backward_steps) b.attention += step;
+    f.kernels += ring.forward_kernels;
+    b.kernels += ring.backward_kernels;
+  } else {
+    f.attention = flash_attention_forward(s.B, H, s.T, s.hs, e);
+    b.attention = flash_attention_backward(s.B, H, KV, s.T, s.hs, e);
+  }
   row_parallel(Cl);
   f.products += over_tp(Gl, C, {.bias = bias, .aux_written = bias});
   row_parallel(Fl);
-  b.attention = flash_attention_backward(s.B, H, KV, s.T, s.hs, e);
   // The MLP's and the attention's input gradients: GPT-2's GELU rides the first product
   // (DGELU), llama's SwiGLU is a kernel of its own.
   // The first product of each half reads the gathered output gradient.

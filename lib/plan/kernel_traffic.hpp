@@ -5,6 +5,7 @@
 // kernels from these; the emulated test `KernelTraffic` checks them against the counters.
 // Sizes are doubles (element counts); e is the activations' element size (2: bf16).
 #pragma once
+#include <vector>
 
 namespace pptrain {
 
@@ -44,6 +45,21 @@ Traffic add_column_sums(double C);
 Traffic flash_attention_forward(double B, double H, double T, double hs, double e);
 Traffic flash_attention_backward(double B, double H, double KV, double T, double hs, double e);
 
+// Ring attention (context parallelism) on rank `rank` of cp, its T rows of a sequence in
+// two pieces of T / 2 (positions rank and 2 cp - 1 - rank of the sequence's 2 cp pieces),
+// as RingAttention runs it with the fused kernels: at each of the cp steps its two query
+// pieces against those of the two key/value pieces it holds then that come no later in
+// the sequence (each a forward launch, merged into the output but the first's; each a
+// backward's three launches, adding to the gradients). The other kernels: the own k|v
+// block copied out in F and again in B, each arriving gradient added, the returned one
+// copied into dqkv.
+struct RingTraffic {
+  std::vector<Traffic> forward_steps, backward_steps;
+  Traffic forward_kernels, backward_kernels;
+};
+RingTraffic ring_attention(double B, double H, double KV, double T, double cp, int rank,
+                           double hs, double e);
+
 // One cuBLASLt product D[M,N] = A[M,K] B[K,N], its operands read and written once: a and d
 // the elements' sizes of A, B and of C, D; with C read (beta != 0), a bias read, the GELU's
 // aux read (DGELU) or written (GELU_AUX), or a bias gradient (N floats) written.
@@ -61,6 +77,8 @@ struct LayerShape {
   double C = 0, heads = 0, kv_heads = 0, hs = 0;  // whole-layer sizes
   double ffn = 0;                // the MLP's hidden width
   double t = 1;                  // tensor-parallel ranks
+  double cp = 1;                 // context-parallel ranks (T: this rank's positions)
+  int rank = 0;                  // its rank in the cp group
   bool sp = false;               // sequence parallelism: the norms hold N / t rows
   // SP with parallel.overlap: the products that read gathered rows or write rows summed
   // over tp run a row block (N / t) at a time, each reading the whole weight.

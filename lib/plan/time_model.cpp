@@ -3,6 +3,8 @@
 #include "plan/time_model.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "plan/kernel_traffic.hpp"
 
@@ -68,18 +70,19 @@ double kernel_seconds(const Shape& s, const Traffic& t, double dim) {
 }
 
 // What the CUDA kernels of one layer move and compute on this rank (kernel_traffic.hpp).
-LayerTraffic gpu_layer_traffic(const Shape& s) {
+LayerShape gpu_layer_shape(const Shape& s) {
   LayerShape l;
   l.B = s.B, l.T = s.Tl, l.C = s.C, l.heads = s.heads, l.kv_heads = s.kv_heads, l.hs = s.hs;
-  l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e;
+  l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e, l.cp = s.cp;
   l.weight_follows_input = s.weights_follow_input;
   l.row_blocks = s.sp && s.tp_beside;
-  return layer_traffic(l);
+  return l;
 }
 
-// On a GPU with the fused kernels and the whole sequence, the attention kernels' own
-// traffic and tensor-core work (the causal tile pairs); else a roofline of batched GEMMs.
-bool counted_attention(const Shape& s) { return !s.dev->cpu && s.fused_attention && s.cp == 1; }
+// On a GPU with the fused kernels, the attention kernels' own traffic and tensor-core work
+// (the causal tile pairs; under cp the ring's piece pairs); else a roofline of batched
+// GEMMs.
+bool counted_attention(const Shape& s) { return !s.dev->cpu && s.fused_attention; }
 
 // The attention core on this rank's Tl queries against Tl keys: q k^T and (softmax) v
 // per head, as batched GEMMs, and the softmax.
@@ -97,27 +100,49 @@ double ring_block_seconds(const Shape& s) {
   return bytes / (s.cp_link.gbps * 1e9) + s.cp_link.latency_us * 1e-6;
 }
 
-// The attention core's forward: without context parallelism the one block; with it the
-// ring's cp steps, each after the first waiting for the larger of its block's attention
-// and the next block's transfer (RingAttention::forward).
-double attention_forward(const Shape& s) {
-  const double block = attention_block(s);
-  if (s.cp == 1) return block;
-  return block + (s.cp - 1) * std::max(block, ring_block_seconds(s));
-}
-
-// Its backward: twice the forward's work; with context parallelism each of the cp steps
-// waits for the larger of its attention and what travels beside it on the same link
-// (RingAttention::backward): the next block (not after the last step) and the held
+// The attention core's forward and backward, each step's work given (one step without
+// context parallelism). The ring's forward: each step after the first waits for the larger
+// of its attention and the next block's transfer (RingAttention::forward). Its backward:
+// each step waits for the larger of its attention and what travels beside it on the same
+// link (RingAttention::backward): the next block (not after the last step) and the held
 // block's gradient (not at the first); the last gradient, to its owner, is exposed.
-double attention_backward(const Shape& s) {
-  const double work = 2 * attention_block(s);
-  if (s.cp == 1) return work;
+double attention_forward(const Shape& s, const std::vector<double>& steps) {
+  double total = steps[0];
+  for (std::size_t step = 1; step < steps.size(); ++step)
+    total += std::max(steps[step], ring_block_seconds(s));
+  return total;
+}
+double attention_backward(const Shape& s, const std::vector<double>& steps) {
+  if (s.cp == 1) return steps[0];
   const double hop = ring_block_seconds(s);
   double total = hop;  // the own block's gradient, after the last step
   for (int step = 0; step < s.cp; ++step)
-    total += std::max(work, ((step + 1 < s.cp) + (step > 0)) * hop);
+    total += std::max(steps[size_t(step)], ((step + 1 < s.cp) + (step > 0)) * hop);
   return total;
+}
+
+// Each step's attention work, forward and backward: the kernels' (counted_attention), or
+// the roofline's block (twice for the backward).
+std::pair<std::vector<double>, std::vector<double>> attention_steps(const Shape& s,
+                                                                    const LayerTraffic& t) {
+  const int steps = int(s.cp);
+  std::vector<double> forward(static_cast<std::size_t>(steps)), backward(forward);
+  if (!counted_attention(s)) {
+    const double block = attention_block(s);
+    std::fill(forward.begin(), forward.end(), block);
+    std::fill(backward.begin(), backward.end(), 2 * block);
+  } else if (steps == 1) {
+    forward[0] = kernel_seconds(s, t.forward.attention, s.hs);
+    backward[0] = kernel_seconds(s, t.backward_input.attention, s.hs);
+  } else {
+    const RingTraffic ring = ring_attention(s.B, s.heads / s.t, s.kv_heads / s.t, s.Tl, s.cp, 0,
+                                            s.hs, s.e);
+    for (int k = 0; k < steps; ++k) {
+      forward[size_t(k)] = kernel_seconds(s, ring.forward_steps[size_t(k)], s.hs);
+      backward[size_t(k)] = kernel_seconds(s, ring.backward_steps[size_t(k)], s.hs);
+    }
+  }
+  return {forward, backward};
 }
 
 // The tensor-parallel collectives of one pass: `count` sums of [N, C] (all-reduces, or
@@ -167,7 +192,7 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   // (norms, activations, rope, bias gradients); on CPU ranks norms, residual adds and
   // biases on the held rows and the MLP's activation on N x Gl.
   double others[3];
-  double attention = 0, attention_back = 0;
+  const LayerTraffic t = s.dev->cpu ? LayerTraffic{} : layer_traffic(gpu_layer_shape(s));
   if (s.dev->cpu) {
     const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
     const double gelu = 2 * N * Gl * e;
@@ -178,19 +203,13 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
     others[1] = memory_seconds(s, 2 * (rowwise + gelu) + (norms_in_b ? norm_weights : 0), 12);
     others[2] = memory_seconds(s, 3 * N * C * e + (norms_in_b ? 0 : norm_weights), 8);
   } else {
-    const LayerTraffic t = gpu_layer_traffic(s);
     int k = 0;
     for (const PassTraffic* pass : {&t.forward, &t.backward_input, &t.backward_weight})
       others[k++] = kernel_seconds(s, pass->kernels, 1);
-    if (counted_attention(s)) {
-      attention = kernel_seconds(s, t.forward.attention, s.hs);
-      attention_back = kernel_seconds(s, t.backward_input.attention, s.hs);
-    }
   }
-  if (!counted_attention(s)) {
-    attention = attention_forward(s);
-    attention_back = attention_backward(s);
-  }
+  const auto [forward_steps, backward_steps] = attention_steps(s, t);
+  const double attention = attention_forward(s, forward_steps);
+  const double attention_back = attention_backward(s, backward_steps);
   StageCosts c{0, 0, 0, 0};
   c.forward = gathered_gemm(s, Ql, C) + summed_gemm(s, Cl) + gathered_gemm(s, Gl, C) + summed_gemm(s, Fl) +
               attention + others[0];

@@ -101,11 +101,9 @@ Shares layer_step(const std::string& config, const std::vector<std::string>& set
   return out;
 }
 
-// `counted` is `copies` times `model`.
-void expect_counted(const Table& counted, const LayerTraffic& model, const std::string& what,
-                    double copies = 1) {
+void expect_counted(const Table& counted, const LayerTraffic& model, const std::string& what) {
   const auto sum = [&](Traffic PassTraffic::*kind) {
-    return copies * (model.forward.*kind + model.backward_input.*kind + model.backward_weight.*kind);
+    return model.forward.*kind + model.backward_input.*kind + model.backward_weight.*kind;
   };
   const std::map<std::string, Traffic> predicted = {{"products", sum(&PassTraffic::products)},
                                                     {"attention", sum(&PassTraffic::attention)},
@@ -119,25 +117,43 @@ void expect_counted(const Table& counted, const LayerTraffic& model, const std::
   }
 }
 
-// The ends on all t ranks: each rank's head, and its embedding without the table's
-// gradient, the ranks' shards holding N / t of the positions each (N together).
-LayerTraffic ends_traffic(const HeadShape& h, bool positions) {
+LayerTraffic& operator+=(LayerTraffic& a, const LayerTraffic& b) {
+  for (auto pass : {&LayerTraffic::forward, &LayerTraffic::backward_input,
+                    &LayerTraffic::backward_weight}) {
+    (a.*pass).products += (b.*pass).products;
+    (a.*pass).attention += (b.*pass).attention;
+    (a.*pass).kernels += (b.*pass).kernels;
+  }
+  return a;
+}
+
+// The ends on all t * cp ranks: each rank's head, and its embedding without the table's
+// gradient, the tp ranks' shards holding N / t of the positions each (N together).
+LayerTraffic ends_traffic(const HeadShape& h, double cp, bool positions) {
   EmbeddingShape m;
-  m.B = h.B, m.T = h.T, m.C = h.C, m.rows = h.Vp / h.t, m.t = h.t, m.sp = h.sp;
+  m.B = h.B, m.T = h.T, m.C = h.C, m.rows = h.Vp / h.t, m.t = h.t, m.cp = cp, m.sp = h.sp;
   m.positions = positions, m.e = h.e;
   TokenCounts tokens;
   tokens.positions = h.B * h.T / h.t;
   LayerTraffic sum;
-  for (int rank = 0; rank < int(h.t); ++rank) {
-    const LayerTraffic head = head_traffic(h, rank), embedding = embedding_traffic(m, tokens);
-    const Traffic table_grad = embedding_table_grad(m, tokens);
-    for (auto pass : {&LayerTraffic::forward, &LayerTraffic::backward_input,
-                      &LayerTraffic::backward_weight}) {
-      PassTraffic& p = sum.*pass;
-      p.products += (head.*pass).products;
-      p.kernels += (head.*pass).kernels + (embedding.*pass).kernels;
+  for (int c = 0; c < int(cp); ++c)
+    for (int rank = 0; rank < int(h.t); ++rank) {
+      LayerTraffic one = head_traffic(h, rank);
+      LayerTraffic embedding = embedding_traffic(m, tokens);
+      embedding.backward_weight.kernels = embedding.backward_weight.kernels -
+                                          embedding_table_grad(m, tokens);
+      sum += one;
+      sum += embedding;
     }
-    sum.backward_weight.kernels = sum.backward_weight.kernels - table_grad;
+  return sum;
+}
+
+// A layer on all t * cp ranks.
+LayerTraffic layers_traffic(LayerShape s) {
+  LayerTraffic sum;
+  for (int c = 0; c < int(s.cp); ++c) {
+    s.rank = c;
+    for (int rank = 0; rank < int(s.t); ++rank) sum += layer_traffic(s);
   }
   return sum;
 }
@@ -145,48 +161,58 @@ LayerTraffic ends_traffic(const HeadShape& h, bool positions) {
 const std::vector<std::string> kCommon = {
     "device=cuda",        "train.precision=bf16",      "parallel.micro_batches=1",
     "checkpoint.dir=",    "train.eval_every=0",        "train.eval_batches=1",
-    "logging.metrics=",   "parallel.micro_batch_size=2", "model.seq_len=128"};
+    "logging.metrics=",   "parallel.micro_batch_size=2"};
 
-// The 2-layer GPT-2 of tiny.yaml at d_model 128 (4 heads of 32), T 128, B 2, bf16, on t
-// tensor-parallel ranks.
-void expect_gpt2(int t, bool sp, const std::string& name) {
+// The 2-layer GPT-2 of tiny.yaml at d_model 128 (4 heads of 32), T 128 (or 384 under cp:
+// pieces of 96 rows, a tile and a part), B 2, bf16, on t tensor-parallel and cp
+// context-parallel ranks.
+void expect_gpt2(int t, bool sp, int cp, const std::string& name) {
+  const int T = cp == 1 ? 128 : 384;
   std::vector<std::string> sets = kCommon;
   sets.push_back("model.d_model=128");
+  sets.push_back("model.seq_len=" + std::to_string(T));
   sets.push_back("parallel.tp=" + std::to_string(t));
+  sets.push_back("parallel.cp=" + std::to_string(cp));
   sets.push_back(std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"));
   const Shares counted =
-      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/tiny.yaml", sets, t, name);
+      layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/tiny.yaml", sets, t * cp, name);
   LayerShape s;
-  s.B = 2, s.T = 128, s.C = 128, s.heads = s.kv_heads = 4, s.hs = 32, s.ffn = 4 * 128;
+  s.B = 2, s.T = T / cp, s.C = 128, s.heads = s.kv_heads = 4, s.hs = 32, s.ffn = 4 * 128;
   s.t = t, s.sp = sp, s.row_blocks = sp;  // parallel.overlap is on
-  expect_counted(counted.layer, layer_traffic(s), "layer", t);
+  s.cp = cp;
+  expect_counted(counted.layer, layers_traffic(s), "layer");
   HeadShape h;
-  h.B = 2, h.T = 128, h.C = 128, h.V = 256, h.Vp = 256, h.t = t, h.sp = sp;
-  expect_counted(counted.ends, ends_traffic(h, true), "ends");
+  h.B = 2, h.T = T / cp, h.C = 128, h.V = 256, h.Vp = 256, h.t = t, h.sp = sp;
+  expect_counted(counted.ends, ends_traffic(h, cp, true), "ends");
 }
 
-// llama-tiny.yaml: d_model 64, 4 query and 2 key/value heads of 16, SwiGLU 192 wide.
+// llama-tiny.yaml: d_model 64, 4 query and 2 key/value heads of 16, SwiGLU 192 wide, T 128.
 void expect_llama(int t, const std::string& name) {
   std::vector<std::string> sets = kCommon;
+  sets.push_back("model.seq_len=128");
   sets.push_back("parallel.tp=" + std::to_string(t));
   const Shares counted =
       layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/llama-tiny.yaml", sets, t, name);
   LayerShape s;
   s.B = 2, s.T = 128, s.C = 64, s.heads = 4, s.kv_heads = 2, s.hs = 16, s.ffn = 192;
   s.t = t, s.llama = true;
-  expect_counted(counted.layer, layer_traffic(s), "layer", t);
+  expect_counted(counted.layer, layers_traffic(s), "layer");
   HeadShape h;
   h.B = 2, h.T = 128, h.C = 64, h.V = 256, h.Vp = 256, h.t = t, h.llama = true;
-  expect_counted(counted.ends, ends_traffic(h, false), "ends");
+  expect_counted(counted.ends, ends_traffic(h, 1, false), "ends");
 }
 
-TEST(KernelTraffic, Gpt2LayerIsWhatTheEmulatorCounts) { expect_gpt2(1, false, "gpt2"); }
+TEST(KernelTraffic, Gpt2LayerIsWhatTheEmulatorCounts) { expect_gpt2(1, false, 1, "gpt2"); }
 TEST(KernelTraffic, LlamaLayerIsWhatTheEmulatorCounts) { expect_llama(1, "llama"); }
 // Vocab-parallel heads and embeddings; the row-parallel products' bias and residual adds.
 TEST(KernelTraffic, Gpt2TensorParallelWithSpIsWhatTheEmulatorCounts) {
-  expect_gpt2(2, true, "gpt2_tp2_sp");
+  expect_gpt2(2, true, 1, "gpt2_tp2_sp");
 }
 TEST(KernelTraffic, LlamaTensorParallelIsWhatTheEmulatorCounts) { expect_llama(2, "llama_tp2"); }
+// Ring attention's piece pairs, its copies and adds; the positions added per piece.
+TEST(KernelTraffic, Gpt2ContextParallelIsWhatTheEmulatorCounts) {
+  expect_gpt2(1, false, 2, "gpt2_cp2");
+}
 
 }  // namespace
 }  // namespace pptrain
