@@ -284,6 +284,21 @@ std::vector<OpCase> make_cases() {
                                      r.act(r.randn(N * C, 3)), N, C);
                }});
   constexpr int kN = 74, kC = 48;  // LayerNorm rows and width
+  // A norm backward's arguments: its input gradient (the residual's gradient added from an
+  // array of its own, or in place), the output gradient and the weight.
+  struct NormGrads {
+    Act* dinp;
+    const Act* residual;
+    const Act* dout;
+    const Act* w;
+  };
+  auto norm_grads = [](OpRun& r, bool in_place) {
+    const std::vector<float> dres = r.randn(kN * kC, 5);
+    Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
+                         : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
+    return NormGrads{dinp, in_place ? dinp : r.act(dres), r.act(r.randn(kN * kC, 4)),
+                     r.act(r.randn(kC, 2))};
+  };
   t.push_back({"layernorm_forward", [](OpRun& r) {
                  Act* out = r.act_out("out", kN * kC, kAct);
                  float* mean = r.f32_out("mean", kN, kSum);
@@ -301,21 +316,16 @@ std::vector<OpCase> make_cases() {
                      const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
                      std::vector<float> mean, rstd;
                      row_stats(x, kN, kC, mean, rstd);
-                     const std::vector<float> dres = r.randn(kN * kC, 5);
-                     Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
-                                          : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
-                     const Act* residual = in_place ? dinp : r.act(dres);
-                     const Act* dout = r.act(r.randn(kN * kC, 4));
-                     const Act* w = r.act(r.randn(kC, 2));
+                     const NormGrads g = norm_grads(r, in_place);
                      if (!with_weights) {
-                       r.ops.layernorm_backward_input(dinp, residual, dout, r.act(x), w,
+                       r.ops.layernorm_backward_input(g.dinp, g.residual, g.dout, r.act(x), g.w,
                                                       r.f32(mean), r.f32(rstd), kN, kC);
                        return;
                      }
                      float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
                      float* db = r.f32_inout("db", randn(kC, 7), kSum);
-                     r.ops.layernorm_backward(dinp, residual, dout, r.act(x), w, r.f32(mean),
-                                              r.f32(rstd), dw, db, kN, kC);
+                     r.ops.layernorm_backward(g.dinp, g.residual, g.dout, r.act(x), g.w,
+                                              r.f32(mean), r.f32(rstd), dw, db, kN, kC);
                    }});
   t.push_back({"layernorm_backward_weight", [](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
@@ -350,20 +360,15 @@ std::vector<OpCase> make_cases() {
                        (in_place ? "_in_place" : ""),
                    [=](OpRun& r) {
                      const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);
-                     const std::vector<float> dres = r.randn(kN * kC, 5);
-                     Act* dinp = in_place ? r.act_inout("dinp", dres, {1e-5, 2e-2})
-                                          : r.act_out("dinp", kN * kC, {1e-5, 2e-2});
-                     const Act* residual = in_place ? dinp : r.act(dres);
-                     const Act* dout = r.act(r.randn(kN * kC, 4));
-                     const Act* w = r.act(r.randn(kC, 2));
+                     const NormGrads g = norm_grads(r, in_place);
                      if (!with_weights) {
-                       r.ops.rmsnorm_backward_input(dinp, residual, dout, r.act(x), w,
+                       r.ops.rmsnorm_backward_input(g.dinp, g.residual, g.dout, r.act(x), g.w,
                                                     r.f32(rms_stats(x)), kN, kC);
                        return;
                      }
                      float* dw = r.f32_inout("dw", randn(kC, 6), kSum);
-                     r.ops.rmsnorm_backward(dinp, residual, dout, r.act(x), w, r.f32(rms_stats(x)),
-                                            dw, kN, kC);
+                     r.ops.rmsnorm_backward(g.dinp, g.residual, g.dout, r.act(x), g.w,
+                                            r.f32(rms_stats(x)), dw, kN, kC);
                    }});
   t.push_back({"rmsnorm_backward_weight", [=](OpRun& r) {
                  const std::vector<float> x = r.randn(kN * kC, 1, 2.0f);

@@ -81,13 +81,19 @@ TYPED_TEST(EmulatedNorm, LayerNormBackwardMatchesCpu) {
   }
 }
 
+// The shared memory a block may opt into (what the one-pass norm backwards may use).
+int opt_in_shared_memory() {
+  int bytes = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  return bytes;
+}
+
 // The one-pass backward (B and W together) against the two kernels, bit for bit: the
 // input gradient in place and apart, over the same shapes.
 TYPED_TEST(EmulatedNorm, LayerNormBackwardInOnePassEqualsTheTwoKernels) {
   using T = TypeParam;
-  int max_shared = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
-            cudaSuccess);
+  const int max_shared = opt_in_shared_memory();
   for (const auto& [N, C, skew] : kNormShapes)
     for (const bool in_place : {true, false}) {
       const std::size_t n = std::size_t(N) * C;
@@ -121,9 +127,7 @@ TYPED_TEST(EmulatedNorm, LayerNormBackwardInOnePassEqualsTheTwoKernels) {
 // RMSNorm's one pass against its two kernels, bit for bit, as LayerNorm's.
 TYPED_TEST(EmulatedNorm, RmsNormBackwardInOnePassEqualsTheTwoKernels) {
   using T = TypeParam;
-  int max_shared = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
-            cudaSuccess);
+  const int max_shared = opt_in_shared_memory();
   for (const auto& [N, C, skew] : kNormShapes)
     for (const bool in_place : {true, false}) {
       const std::size_t n = std::size_t(N) * C;
