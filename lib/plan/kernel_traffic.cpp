@@ -158,6 +158,49 @@ Traffic flash_attention_backward(double B, double H, double KV, double T, double
   return flash_backward_launch(B, H, KV, T, T, 0, hs, e, false);
 }
 
+namespace {
+// A product batched over `batch` dense matrices: one launch.
+Traffic batched_product(double batch, double M, double N, double K, double e) {
+  Traffic t = batch * product(M, N, K, e, e);
+  t.launches = 1;
+  return t;
+}
+
+// The entries a causal softmax's pass over [T, T] loads (row i's i + 1 live entries in
+// packs of W, a partial last pack loaded whole): W-pack rows only where T is a multiple.
+double causal_loaded(double T, double e) {
+  const double W = std::fmod(T, 16 / e) == 0 ? 16 / e : 1;
+  const double packs = std::floor(T / W), rest = T - packs * W;
+  return W * W * packs * (packs + 1) / 2 + rest * (packs + 1) * W;
+}
+
+// q|k|v rows of N positions to head-major q, k and v (H heads each), and back (the
+// key/value gradients summed over each group); a head-major [N, H * hs] to rows or back.
+Traffic split_heads(double N, double H, double KV, double hs, double e) {
+  return kernel(N * (H + 2 * KV) * hs * e, 3 * N * H * hs * e);
+}
+Traffic merge_qkv_grad(double N, double H, double KV, double hs, double e) {
+  return kernel(3 * N * H * hs * e, N * (H + 2 * KV) * hs * e);
+}
+}  // namespace
+
+Traffic unfused_attention_forward(double B, double H, double KV, double T, double hs, double e) {
+  const double heads = B * H, N = B * T;
+  return split_heads(N, H, KV, hs, e) + batched_product(heads, T, T, hs, e) +
+         kernel(3 * heads * causal_loaded(T, e) * e, heads * T * T * e) +
+         batched_product(heads, T, hs, T, e) + copy(N * H * hs, e);
+}
+
+Traffic unfused_attention_backward(double B, double H, double KV, double T, double hs, double e,
+                                   bool recomputed) {
+  const double heads = B * H, N = B * T, loaded = heads * causal_loaded(T, e) * e;
+  Traffic t = split_heads(N, H, KV, hs, e) + copy(N * H * hs, e) +
+              3 * batched_product(heads, T, hs, T, e) + batched_product(heads, T, T, hs, e) +
+              kernel(4 * loaded, heads * T * T * e) + merge_qkv_grad(N, H, KV, hs, e);
+  if (recomputed) t += batched_product(heads, T, T, hs, e) + kernel(3 * loaded, heads * T * T * e);
+  return t;
+}
+
 RingTraffic ring_attention(double B, double H, double KV, double T, double cp, int rank,
                            double hs, double e) {
   const double len = T / 2, rows = B * T, block = rows * 2 * KV * hs;  // k|v of the held rows
@@ -197,58 +240,71 @@ Traffic product(double M, double N, double K, double a, double d, ProductEpilogu
   return t;
 }
 
-LayerTraffic layer_traffic(const LayerShape& s) {
+LayerProducts layer_products(const LayerShape& s) {
   const double N = s.B * s.T, R = s.sp ? N / s.t : N, e = s.e, C = s.C;
-  const double H = s.heads / s.t, KV = s.kv_heads / s.t, Cl = H * s.hs;
+  const double Cl = s.heads / s.t * s.hs;
   const double Ql = (s.heads + 2 * s.kv_heads) * s.hs / s.t, Fl = s.ffn / s.t;
   const double Gl = s.llama ? 2 * Fl : Fl;  // the MLP's first product's width
   const bool bias = !s.llama;
-  LayerTraffic L;
-  PassTraffic &f = L.forward, &b = L.backward_input, &w = L.backward_weight;
-  // A row-parallel product with its bias and residual: one product (beta 1) where
-  // nothing is summed over tp, else the product, then the bias and the residual added.
   // A product of N rows whose input is gathered or whose output is summed over tp.
   const double blocks = s.row_blocks ? s.t : 1;
   const auto over_tp = [&](double Nout, double K, ProductEpilogue epi = {}) {
     return blocks * product(N / blocks, Nout, K, e, e, epi);
   };
   const auto row_parallel = [&](double K) {
-    if (s.t == 1) {
-      f.products += product(R, C, K, e, e, {.reads_c = true, .bias = bias});
-      return;
-    }
-    f.products += over_tp(C, K);
-    if (bias) f.kernels += add_bias(R, C, e);
-    f.kernels += add(R * C, e);
+    return s.t == 1 ? product(R, C, K, e, e, {.reads_c = true, .bias = bias}) : over_tp(C, K);
   };
   const auto weight_grad = [&](double Cin, double Cout) {
-    w.products += product(Cin, Cout, N, e, 4, {.reads_c = true, .bias_grad = bias});
-    if (bias) w.kernels += add_column_sums(Cout);
+    return product(Cin, Cout, N, e, 4, {.reads_c = true, .bias_grad = bias});
   };
+  LayerProducts p;
+  p.qkv = over_tp(Ql, C, {.bias = bias});
+  p.proj = row_parallel(Cl);
+  p.fc = over_tp(Gl, C, {.bias = bias, .aux_written = bias});
+  p.fcproj = row_parallel(Fl);
+  // The first product of each half reads the gathered output gradient.
+  p.fcproj_input = over_tp(Fl, C, {.aux_read = bias});
+  p.fc_input = product(N, C, Gl, e, e);
+  p.proj_input = over_tp(Cl, C);
+  p.qkv_input = product(N, C, Ql, e, e);
+  p.fcproj_weight = weight_grad(Fl, C);
+  p.fc_weight = weight_grad(C, Gl);
+  p.proj_weight = weight_grad(Cl, C);
+  p.qkv_weight = weight_grad(C, Ql);
+  return p;
+}
 
-  f.products += over_tp(Ql, C, {.bias = bias});
+LayerTraffic layer_traffic(const LayerShape& s) {
+  const double N = s.B * s.T, R = s.sp ? N / s.t : N, e = s.e, C = s.C;
+  const double H = s.heads / s.t, KV = s.kv_heads / s.t, Fl = s.ffn / s.t;
+  const double Ql = (s.heads + 2 * s.kv_heads) * s.hs / s.t, Gl = s.llama ? 2 * Fl : Fl;
+  const bool bias = !s.llama;
+  LayerTraffic L;
+  PassTraffic &f = L.forward, &b = L.backward_input, &w = L.backward_weight;
+  const LayerProducts p = layer_products(s);
+  f.products = p.qkv + p.proj + p.fc + p.fcproj;
+  b.products = p.fcproj_input + p.fc_input + p.proj_input + p.qkv_input;
+  w.products = p.fcproj_weight + p.fc_weight + p.proj_weight + p.qkv_weight;
+  if (s.t > 1)  // proj's and fcproj's bias and residual, added after the sum over tp
+    f.kernels += 2 * ((bias ? add_bias(R, C, e) : Traffic{}) + add(R * C, e));
+  if (bias)  // the bias gradients the weight products wrote apart
+    w.kernels += 2 * add_column_sums(C) + add_column_sums(Gl) + add_column_sums(Ql);
   if (s.cp > 1) {
     const RingTraffic ring = ring_attention(s.B, H, KV, s.T, s.cp, s.rank, s.hs, e);
-    for (const Traffic& step : ring.forward_steps) f.attention += step;
-    for (const Traffic& step : ring.backward_steps) b.attention += step;
+    if (s.attention == AttentionKernels::Flash) {
+      for (const Traffic& step : ring.forward_steps) f.attention += step;
+      for (const Traffic& step : ring.backward_steps) b.attention += step;
+    }
     f.kernels += ring.forward_kernels;
     b.kernels += ring.backward_kernels;
-  } else {
+  } else if (s.attention == AttentionKernels::Flash) {
     f.attention = flash_attention_forward(s.B, H, s.T, s.hs, e);
     b.attention = flash_attention_backward(s.B, H, KV, s.T, s.hs, e);
+  } else {
+    f.attention = unfused_attention_forward(s.B, H, KV, s.T, s.hs, e);
+    b.attention = unfused_attention_backward(s.B, H, KV, s.T, s.hs, e,
+                                             s.attention == AttentionKernels::UnfusedRecomputed);
   }
-  row_parallel(Cl);
-  f.products += over_tp(Gl, C, {.bias = bias, .aux_written = bias});
-  row_parallel(Fl);
-  // The MLP's and the attention's input gradients: GPT-2's GELU rides the first product
-  // (DGELU), llama's SwiGLU is a kernel of its own.
-  // The first product of each half reads the gathered output gradient.
-  b.products += over_tp(Fl, C, {.aux_read = bias}) + product(N, C, Gl, e, e) + over_tp(Cl, C) +
-                product(N, C, Ql, e, e);
-  weight_grad(Fl, C);
-  weight_grad(C, Gl);
-  weight_grad(Cl, C);
-  weight_grad(C, Ql);
   if (s.llama) {
     f.kernels += 2 * rmsnorm_forward(R, C, e) + rope(N, H + KV, s.hs, e) + swiglu_forward(N, Fl, e);
     b.kernels += swiglu_backward(N, Fl, e) + rope(N, H + KV, s.hs, e);

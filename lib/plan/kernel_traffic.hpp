@@ -45,6 +45,18 @@ Traffic add_column_sums(double C);
 Traffic flash_attention_forward(double B, double H, double T, double hs, double e);
 Traffic flash_attention_backward(double B, double H, double KV, double T, double hs, double e);
 
+// The unfused attention over B sequences of T, H query heads and KV key/value heads of
+// hs: the heads split out of q|k|v (each key/value head copied for each query head of its
+// group), the scores as a product batched over the heads, the causal softmax in place (a
+// warp a row, its live entries loaded in 16-byte packs three times), the product with v,
+// the heads merged back. Its backward: the heads split again (or, `recomputed`, the
+// forward's first three launches), dout's split, the four batched products around the
+// softmax's backward, and the q|k|v gradient merged (key/value heads summed over the
+// group). The products are batched cuBLASLt launches, counted as products.
+Traffic unfused_attention_forward(double B, double H, double KV, double T, double hs, double e);
+Traffic unfused_attention_backward(double B, double H, double KV, double T, double hs, double e,
+                                   bool recomputed);
+
 // Ring attention (context parallelism) on rank `rank` of cp, its T rows of a sequence in
 // two pieces of T / 2 (positions rank and 2 cp - 1 - rank of the sequence's 2 cp pieces),
 // as RingAttention runs it with the fused kernels: at each of the cp steps its two query
@@ -68,10 +80,16 @@ struct ProductEpilogue {
 };
 Traffic product(double M, double N, double K, double a, double d, ProductEpilogue epi = {});
 
+// How the CUDA backend runs the attention core (cuda_ops_attention.cpp): the flash
+// kernels; unfused, the probabilities kept as the layer's state; or unfused with the
+// probabilities recomputed by the backward (flash on, a head size it does not take).
+// Under context parallelism only the flash ring is modelled (the others run loops).
+enum class AttentionKernels { Flash, Unfused, UnfusedRecomputed };
+
 // One transformer layer's passes on one rank, as the model runs them on the CUDA backend
-// in bf16 with fused attention: the products, the attention kernels and the other kernels
-// (norms, activations, bias-gradient adds), each for F, B (input gradients, without a
-// recomputed forward) and W (weight gradients).
+// in bf16: the products, the attention core's launches (its batched products included)
+// and the other kernels (norms, activations, bias-gradient adds), each for F, B (input
+// gradients, without a recomputed forward) and W (weight gradients).
 struct LayerShape {
   double B = 0, T = 0;           // sequences and positions of a micro-batch
   double C = 0, heads = 0, kv_heads = 0, hs = 0;  // whole-layer sizes
@@ -87,8 +105,22 @@ struct LayerShape {
   // W right after B (every schedule but the zero-bubble ones): the norms compute their
   // weight gradients in B, with the input gradients.
   bool weight_follows_input = true;
+  AttentionKernels attention = AttentionKernels::Flash;
   double e = 2;
 };
+// The layer's products on one rank, each one launch (or row_blocks' t), their epilogues'
+// bytes included: q|k|v (with the bias), proj and fcproj (with the bias and the residual,
+// beta 1, where nothing is summed over tp; else alone, the adds following as kernels), fc
+// (gate|up for llama; GPT-2's GELU writing its input as aux); in B their input gradients
+// (fcproj's reading the aux: DGELU), in W their weight gradients (fp32, added to the
+// gradient, with the bias gradient: BGRAD).
+struct LayerProducts {
+  Traffic qkv, proj, fc, fcproj;
+  Traffic qkv_input, proj_input, fc_input, fcproj_input;
+  Traffic qkv_weight, proj_weight, fc_weight, fcproj_weight;
+};
+LayerProducts layer_products(const LayerShape& s);
+
 struct PassTraffic {
   Traffic products, attention, kernels;
   Traffic all() const { return products + attention + kernels; }

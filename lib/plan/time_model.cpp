@@ -12,7 +12,9 @@
 #include "optim/adamw.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
+#include "ops/ops.hpp"
 #include "train/grad_buckets.hpp"
+#include "train/memory_plan.hpp"
 #include "train/session.hpp"
 
 namespace pptrain {
@@ -47,6 +49,7 @@ struct Shape {
   double kv_heads, hs;
   bool gated;       // SwiGLU: the MLP's first product is gate|up (2 ffn wide)
   bool sp, fused_attention;
+  AttentionKernels attention;  // on a GPU, what the CUDA backend runs
   // tp collectives run beside the GEMMs (GPUs, parallel.overlap, tp > 1); B and W run
   // together, so the input gradients' tp sums travel beside W's GEMMs.
   bool tp_beside, weights_follow_input;
@@ -76,13 +79,17 @@ LayerShape gpu_layer_shape(const Shape& s) {
   l.ffn = s.ffn, l.t = s.t, l.sp = s.sp, l.llama = s.gated, l.e = s.e, l.cp = s.cp;
   l.weight_follows_input = s.weights_follow_input;
   l.row_blocks = s.sp && s.tp_beside;
+  l.attention = s.attention;
   return l;
 }
 
-// On a GPU with the fused kernels, the attention kernels' own traffic and tensor-core work
-// (the causal tile pairs; under cp the ring's piece pairs); else a roofline of batched
-// GEMMs.
-bool counted_attention(const Shape& s) { return !s.dev->cpu && s.fused_attention; }
+// On a GPU, the attention kernels' own traffic and tensor-core work: the flash kernels' (the
+// causal tile pairs; under cp the ring's piece pairs) or the unfused launches' (priced as
+// one kernel: its batched products move more than they compute at these head sizes);
+// else (CPU ranks; the ring's loop kernels) a roofline of batched GEMMs.
+bool counted_attention(const Shape& s) {
+  return !s.dev->cpu && (s.attention == AttentionKernels::Flash || s.cp == 1);
+}
 
 // The attention core on this rank's Tl queries against Tl keys: q k^T and (softmax) v
 // per head, as batched GEMMs, and the softmax.
@@ -159,33 +166,40 @@ double tp_block_seconds(const Shape& s) {
   return s.N / s.t * s.C * s.e / (s.tp_link.gbps * 1e9) + s.tp_link.latency_us * 1e-6;
 }
 
-// A GEMM [N, width] = [N, K] x [K, width] whose input rows are gathered over tp under SP
+// A product [M, N] = [M, K] x [K, N]: on a GPU priced from what its launches move (`moved`,
+// kernel_traffic.hpp's, the epilogue's bytes included) at the efficiency of its smallest
+// dimension; on CPU ranks the GEMM roofline of its operands.
+double product_seconds(const Shape& s, double M, double N, double K, const Traffic& moved) {
+  if (s.dev->cpu) return gemm_seconds(*s.dev, M, N, K, s.e);
+  return kernel_seconds(s, moved, std::min({M, N, K}));
+}
+
+// A product [N, width] = [N, K] x [K, width] whose input rows are gathered over tp under SP
 // (TensorParallelRegions::gather_rows): after one all-gather, or beside (GPUs) in t row
-// blocks, each block's GEMM waiting for its block (this rank's own first, then in rank
-// order, each broadcast in turn).
-double gathered_gemm(const Shape& s, double width, double K) {
-  const DeviceSpec& d = *s.dev;
-  if (!s.sp) return gemm_seconds(d, s.N, width, K, s.e);
-  if (!s.tp_beside) return gemm_seconds(d, s.N, width, K, s.e) + tp_comm(s, 0, 1);
+// blocks (`moved`: all of them), each block's product waiting for its block (this rank's
+// own first, then in rank order, each broadcast in turn).
+double gathered_gemm(const Shape& s, double width, double K, const Traffic& moved) {
+  if (!s.sp) return product_seconds(s, s.N, width, K, moved);
+  if (!s.tp_beside) return product_seconds(s, s.N, width, K, moved) + tp_comm(s, 0, 1);
   const int t = int(s.t);
-  const double block = gemm_seconds(d, s.N / t, width, K, s.e), hop = tp_block_seconds(s);
+  const double block = product_seconds(s, s.N / t, width, K, (1 / s.t) * moved);
+  const double hop = tp_block_seconds(s);
   return t * block + std::max(0.0, t * hop - (t - 1) * block);
 }
 
-// A GEMM [N, C] = [N, K] x [K, C] whose partial sums are summed over tp (reduce_rows):
+// A product [N, C] = [N, K] x [K, C] whose partial sums are summed over tp (reduce_rows):
 // whole, then the sum; or under SP beside in t row blocks, each block's sum leaving after
-// its GEMM, so that the last one is exposed.
-double summed_gemm(const Shape& s, double K) {
-  const DeviceSpec& d = *s.dev;
-  if (!s.sp || !s.tp_beside) return gemm_seconds(d, s.N, s.C, K, s.e) + tp_comm(s, 1, 0);
+// its product, so that the last one is exposed.
+double summed_gemm(const Shape& s, double K, const Traffic& moved) {
+  if (!s.sp || !s.tp_beside) return product_seconds(s, s.N, s.C, K, moved) + tp_comm(s, 1, 0);
   const int t = int(s.t);
-  const double block = gemm_seconds(d, s.N / t, s.C, K, s.e), hop = tp_block_seconds(s);
+  const double block = product_seconds(s, s.N / t, s.C, K, (1 / s.t) * moved);
+  const double hop = tp_block_seconds(s);
   return t * block + std::max(hop, t * hop - (t - 1) * block);
 }
 
 // One layer's F, B (input gradients) and W (weight gradients) on this rank.
 StageCosts layer_costs(const Shape& s, Recompute recompute) {
-  const DeviceSpec& d = *s.dev;
   const double N = s.N, C = s.C, Cl = s.C / s.t, e = s.e;
   const double Ql = s.qkv / s.t, Fl = s.ffn / s.t, Gl = (s.gated ? 2 : 1) * Fl;
   // The kernels besides the products and attention: on a GPU what the CUDA kernels move
@@ -193,6 +207,7 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   // biases on the held rows and the MLP's activation on N x Gl.
   double others[3];
   const LayerTraffic t = s.dev->cpu ? LayerTraffic{} : layer_traffic(gpu_layer_shape(s));
+  const LayerProducts p = s.dev->cpu ? LayerProducts{} : layer_products(gpu_layer_shape(s));
   if (s.dev->cpu) {
     const double rowwise = 2 * (2 * s.rows * C * e) + 2 * (4 * s.rows * C * e);
     const double gelu = 2 * N * Gl * e;
@@ -211,20 +226,23 @@ StageCosts layer_costs(const Shape& s, Recompute recompute) {
   const double attention = attention_forward(s, forward_steps);
   const double attention_back = attention_backward(s, backward_steps);
   StageCosts c{0, 0, 0, 0};
-  c.forward = gathered_gemm(s, Ql, C) + summed_gemm(s, Cl) + gathered_gemm(s, Gl, C) + summed_gemm(s, Fl) +
-              attention + others[0];
+  c.forward = gathered_gemm(s, Ql, C, p.qkv) + summed_gemm(s, Cl, p.proj) +
+              gathered_gemm(s, Gl, C, p.fc) + summed_gemm(s, Fl, p.fcproj) + attention + others[0];
   const double refwd = recompute == Recompute::Full       ? c.forward
                        : recompute == Recompute::Selective ? attention
                                                            : 0;
   // Each half's input-gradient work after the product that reads the gathered output
   // gradient: the MLP's first GEMM; the attention core's backward and q|k|v's GEMM.
-  const double b_mlp = gemm_seconds(d, N, C, Gl, e);
-  const double b_attention = attention_back + gemm_seconds(d, N, C, Ql, e);
-  c.backward_input = refwd + gathered_gemm(s, Fl, C) + b_mlp + gathered_gemm(s, Cl, C) + b_attention +
-                     others[1] + tp_comm(s, 2, 0);
+  const double b_mlp = product_seconds(s, N, C, Gl, p.fc_input);
+  const double b_attention = attention_back + product_seconds(s, N, C, Ql, p.qkv_input);
+  c.backward_input = refwd + gathered_gemm(s, Fl, C, p.fcproj_input) + b_mlp +
+                     gathered_gemm(s, Cl, C, p.proj_input) + b_attention + others[1] +
+                     tp_comm(s, 2, 0);
   // wgrads (K = N) and the bias and norm reductions; SP gathers ln1 and ln2 again.
-  const double w_attention = gemm_seconds(d, C, Ql, N, e) + gemm_seconds(d, Cl, C, N, e);
-  const double w_mlp = gemm_seconds(d, C, Gl, N, e) + gemm_seconds(d, Fl, C, N, e);
+  const double w_attention =
+      product_seconds(s, C, Ql, N, p.qkv_weight) + product_seconds(s, Cl, C, N, p.proj_weight);
+  const double w_mlp =
+      product_seconds(s, C, Gl, N, p.fc_weight) + product_seconds(s, Fl, C, N, p.fcproj_weight);
   const double gather = s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0;
   c.backward_weight = w_attention + w_mlp + others[2] + 2 * gather;
   if (s.tp_beside && s.weights_follow_input) {
@@ -247,17 +265,19 @@ StageCosts head_costs(const Shape& s) {
   const double Vl = s.V / s.t, N = s.N, C = s.C, e = s.e;
   const double stats = s.t > 1 ? 2 * all_reduce_seconds(s.tp_link, N * 8, int(s.t)) : 0;
   const double gather = s.sp ? gather_seconds(s.tp_link, N * C * e, int(s.t)) : 0;
-  const double gemms[3] = {gemm_seconds(d, N, Vl, C, e), gemm_seconds(d, N, C, Vl, e),
-                           gemm_seconds(d, Vl, C, N, e)};
   if (!d.cpu) {
     HeadShape h;
     h.B = s.B, h.T = s.Tl, h.C = C, h.V = s.vocab, h.Vp = s.V, h.t = s.t, h.sp = s.sp;
     h.llama = s.gated, h.e = e;
     const LayerTraffic t = head_traffic(h);
-    return {gemms[0] + kernel_seconds(s, t.forward.kernels, 1) + stats + gather,
-            gemms[1] + kernel_seconds(s, t.backward_input.kernels, 1) + tp_comm(s, 1, 0),
-            gemms[2] + kernel_seconds(s, t.backward_weight.kernels, 1), 0};
+    const auto pass = [&](const PassTraffic& p) {  // one product and the kernels
+      return kernel_seconds(s, p.products, std::min({N, Vl, C})) + kernel_seconds(s, p.kernels, 1);
+    };
+    return {pass(t.forward) + stats + gather, pass(t.backward_input) + tp_comm(s, 1, 0),
+            pass(t.backward_weight), 0};
   }
+  const double gemms[3] = {gemm_seconds(d, N, Vl, C, e), gemm_seconds(d, N, C, Vl, e),
+                           gemm_seconds(d, Vl, C, N, e)};
   StageCosts c{0, 0, 0, 0};
   c.forward = memory_seconds(s, 2 * s.rows * C * e + 3 * N * Vl * e, 5) + gemms[0] + stats + gather;
   c.backward_input = gemms[1] + tp_comm(s, 1, 0) + memory_seconds(s, 3 * s.rows * C * e, 2);
@@ -330,6 +350,11 @@ Shape shape_of(const Config& cfg, const Cluster& cluster) {
   s.rows = s.sp ? s.N / s.t : s.N;
   s.e = d.cpu ? 4 : 2;
   s.fused_attention = uses_fused_attention(cfg.train, !d.cpu, p.cp);
+  // The flash kernels run on bf16 and the head sizes they take (cuda_ops_attention.cpp).
+  const bool flash_on = backend_traits(cfg, true).logsumexp_attention;
+  s.attention = !flash_on ? AttentionKernels::Unfused
+                : ops::cuda_fused_attention_head_size(int(s.hs)) ? AttentionKernels::Flash
+                                                                 : AttentionKernels::UnfusedRecomputed;
   // On CPU ranks the tp collectives complete before the work beside them starts (MPI
   // progresses only inside its calls): nothing hides.
   s.tp_beside = !d.cpu && activation_policy(cfg).overlap_tensor_parallel;

@@ -35,8 +35,10 @@ using Table = std::map<std::string, Counted>;  // by kind: products, attention, 
 // optimizer's (priced per parameter) and the embedding table's gradient. The loss's mean
 // is the head's.
 std::string kind_of(const std::string& site) {
+  if (site.rfind("cublasLtMatmul batched", 0) == 0) return "attention";  // unfused: per head
   if (site.rfind("cublasLtMatmul", 0) == 0) return "products";
-  if (site.rfind("flash_attention", 0) == 0) return "attention";
+  if (site.rfind("flash_attention", 0) == 0 || site.rfind("attention.cu", 0) == 0)
+    return "attention";
   if (site.ends_with(" launch_wte_backward")) return "";
   if (site.rfind("optimizer.cu", 0) == 0) return site.ends_with(" add_mean") ? "kernels" : "";
   return "kernels";
@@ -165,10 +167,12 @@ const std::vector<std::string> kCommon = {
 
 // The 2-layer GPT-2 of tiny.yaml at d_model 128 (4 heads of 32), T 128 (or 384 under cp:
 // pieces of 96 rows, a tile and a part), B 2, bf16, on t tensor-parallel and cp
-// context-parallel ranks.
-void expect_gpt2(int t, bool sp, int cp, const std::string& name) {
+// context-parallel ranks, with the flash or the unfused attention.
+void expect_gpt2(int t, bool sp, int cp, const std::string& name,
+                 AttentionKernels attention = AttentionKernels::Flash) {
   const int T = cp == 1 ? 128 : 384;
   std::vector<std::string> sets = kCommon;
+  if (attention == AttentionKernels::Unfused) sets.push_back("train.attention=unfused");
   sets.push_back("model.d_model=128");
   sets.push_back("model.seq_len=" + std::to_string(T));
   sets.push_back("parallel.tp=" + std::to_string(t));
@@ -179,26 +183,29 @@ void expect_gpt2(int t, bool sp, int cp, const std::string& name) {
   LayerShape s;
   s.B = 2, s.T = T / cp, s.C = 128, s.heads = s.kv_heads = 4, s.hs = 32, s.ffn = 4 * 128;
   s.t = t, s.sp = sp, s.row_blocks = sp;  // parallel.overlap is on
-  s.cp = cp;
+  s.cp = cp, s.attention = attention;
   expect_counted(counted.layer, layers_traffic(s), "layer");
   HeadShape h;
   h.B = 2, h.T = T / cp, h.C = 128, h.V = 256, h.Vp = 256, h.t = t, h.sp = sp;
   expect_counted(counted.ends, ends_traffic(h, cp, true), "ends");
 }
 
-// llama-tiny.yaml: d_model 64, 4 query and 2 key/value heads of 16, SwiGLU 192 wide, T 128.
-void expect_llama(int t, const std::string& name) {
+// llama-tiny.yaml: d_model 64, 4 query and 2 key/value heads of 16, SwiGLU 192 wide, T 128
+// (or T given), with the flash or the unfused attention.
+void expect_llama(int t, const std::string& name, int T = 128,
+                  AttentionKernels attention = AttentionKernels::Flash) {
   std::vector<std::string> sets = kCommon;
-  sets.push_back("model.seq_len=128");
+  sets.push_back("model.seq_len=" + std::to_string(T));
+  if (attention == AttentionKernels::Unfused) sets.push_back("train.attention=unfused");
   sets.push_back("parallel.tp=" + std::to_string(t));
   const Shares counted =
       layer_step(std::string(PPTRAIN_SOURCE_DIR) + "/configs/llama-tiny.yaml", sets, t, name);
   LayerShape s;
-  s.B = 2, s.T = 128, s.C = 64, s.heads = 4, s.kv_heads = 2, s.hs = 16, s.ffn = 192;
-  s.t = t, s.llama = true;
+  s.B = 2, s.T = T, s.C = 64, s.heads = 4, s.kv_heads = 2, s.hs = 16, s.ffn = 192;
+  s.t = t, s.llama = true, s.attention = attention;
   expect_counted(counted.layer, layers_traffic(s), "layer");
   HeadShape h;
-  h.B = 2, h.T = 128, h.C = 64, h.V = 256, h.Vp = 256, h.t = t, h.llama = true;
+  h.B = 2, h.T = T, h.C = 64, h.V = 256, h.Vp = 256, h.t = t, h.llama = true;
   expect_counted(counted.ends, ends_traffic(h, 1, false), "ends");
 }
 
@@ -209,6 +216,15 @@ TEST(KernelTraffic, Gpt2TensorParallelWithSpIsWhatTheEmulatorCounts) {
   expect_gpt2(2, true, 1, "gpt2_tp2_sp");
 }
 TEST(KernelTraffic, LlamaTensorParallelIsWhatTheEmulatorCounts) { expect_llama(2, "llama_tp2"); }
+// The unfused attention: the head splits and merges, the batched products, the causal
+// softmax loading 16-byte packs (T 128) or single entries (T 100), key/value heads
+// copied to and summed over their groups (llama).
+TEST(KernelTraffic, Gpt2UnfusedAttentionIsWhatTheEmulatorCounts) {
+  expect_gpt2(1, false, 1, "gpt2_unfused", AttentionKernels::Unfused);
+}
+TEST(KernelTraffic, LlamaUnfusedAttentionIsWhatTheEmulatorCounts) {
+  expect_llama(1, "llama_unfused", 100, AttentionKernels::Unfused);
+}
 // Ring attention's piece pairs, its copies and adds; the positions added per piece.
 TEST(KernelTraffic, Gpt2ContextParallelIsWhatTheEmulatorCounts) {
   expect_gpt2(1, false, 2, "gpt2_cp2");

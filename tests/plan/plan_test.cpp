@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "model/gpt.hpp"
+#include "plan/kernel_traffic.hpp"
 #include "plan/planner.hpp"
 #include "plan/time_model.hpp"
 
@@ -105,6 +106,48 @@ TEST(TimeModel, RecomputationAddsForwardWork) {
   const double full = predict_step(c, gpus(1, 1)).step_time_s;
   EXPECT_LT(none, selective);
   EXPECT_LT(selective, full);
+}
+
+// On a GPU the attention core costs its launches' bytes and tensor-core instructions
+// (kernel_traffic.hpp, checked against the emulator by KernelTraffic), each pass the
+// longer of the two at the efficiency of a head-size product, plus its launches: the
+// flash kernels, the unfused ones, and those whose backward recomputes the probabilities
+// (fused asked for, a head size the flash kernels do not take).
+TEST(TimeModel, GpuAttentionIsWhatItsKernelsMove) {
+  const Cluster gpu = gpus(1, 1);
+  const DeviceSpec& d = gpu.device;
+  const auto seconds = [&](const Traffic& t, double hs) {
+    const double eff = d.gemm_efficiency * hs / (hs + d.gemm_half_dim);
+    return std::max(t.mma * kMmaFlops / (d.peak_tflops * 1e12 * eff),
+                    t.bytes() / (d.hbm_gbps * 1e9 * d.memory_efficiency)) +
+           t.launches * d.launch_us * 1e-6;
+  };
+  const auto stage = [&](int heads, Attention a) {
+    Config c = small_model();
+    c.model.n_head = heads;
+    c.train.attention = a;
+    return predict_step(c, gpu).first_stage;
+  };
+  const double L = 8, B = 2, T = 256;
+  for (const int heads : {8, 64}) {  // head sizes 64 and 8
+    const double hs = 512.0 / heads;
+    const StageCosts fused = stage(heads, Attention::Fused), unfused = stage(heads, Attention::Unfused);
+    const Traffic forward = unfused_attention_forward(B, heads, heads, T, hs, 2);
+    const Traffic backward = unfused_attention_backward(B, heads, heads, T, hs, 2, false);
+    if (heads == 8) {
+      const double flash_forward = seconds(flash_attention_forward(B, heads, T, hs, 2), hs);
+      const double flash_backward = seconds(flash_attention_backward(B, heads, heads, T, hs, 2), hs);
+      EXPECT_NEAR(unfused.forward - fused.forward, L * (seconds(forward, hs) - flash_forward), 1e-12);
+      EXPECT_NEAR(unfused.backward_input - fused.backward_input,
+                  L * (seconds(backward, hs) - flash_backward), 1e-12);
+    } else {  // fused falls back to unfused, recomputing the probabilities in B
+      const Traffic again = unfused_attention_backward(B, heads, heads, T, hs, 2, true);
+      EXPECT_NEAR(unfused.forward, fused.forward, 1e-15);
+      EXPECT_NEAR(fused.backward_input - unfused.backward_input,
+                  L * (seconds(again, hs) - seconds(backward, hs)), 1e-12);
+    }
+    EXPECT_EQ(unfused.backward_weight, fused.backward_weight);
+  }
 }
 
 // Tensor-parallel overlap: where B and W run together, each half of a layer's

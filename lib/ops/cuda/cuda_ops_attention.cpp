@@ -1,6 +1,6 @@
 // CUDA backend: causal self-attention with grouped key/value heads. Two implementations:
 //
-// Unfused (the default, and always in fp32): heads are split into [B*NH, T, hs]
+// Unfused (fp32, or train.attention: unfused): heads are split into [B*NH, T, hs]
 // arrays (k and v repeated for each query head of a key/value head's group, their
 // gradients summed back over it), the two products per direction are strided batched
 // cuBLASLt GEMMs over the B*NH heads, and the causal softmax is a kernel. The saved

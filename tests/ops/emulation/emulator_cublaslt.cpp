@@ -154,7 +154,8 @@ void note_accesses(const Product& p) {
         note_matrix(desc.aux, p.s.m, p.s.n, desc.aux_ld, n, desc.aux_batch_stride,
                     type_size(p.aux_type), writes_aux(e));
   written += note_matrix(p.D, p.s.m, p.s.n, p.d.ld, n, p.d.stride, type_size(p.d.type), true);
-  counters::product("cublasLtMatmul", read, written,
+  // Batched products (the unfused attention's) have a site of their own.
+  counters::product(n > 1 ? "cublasLtMatmul batched" : "cublasLtMatmul", read, written,
                     std::uint64_t(p.s.m) * p.s.n * p.s.k * std::uint64_t(n) / 2048);
 }
 
