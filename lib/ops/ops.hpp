@@ -444,6 +444,17 @@ inline std::size_t cuda_column_sum_floats(int N, int C) {
   if (N <= 0 || C <= 0) return 0;
   return std::size_t((N + kCudaColumnSumRows - 1) / kCudaColumnSumRows) * std::size_t(C);
 }
+// The embedding table gradient's scratch: for each vocabulary row a rank holds, a bit per
+// tile of kCudaEmbeddingTile positions, set where the tile holds that row's token (32
+// tiles a word), so that the gradient's blocks read only the tiles of their rows.
+inline constexpr int kCudaEmbeddingTile = 256;
+inline std::size_t cuda_embedding_tile_words(int positions) {
+  const int tiles = (positions + kCudaEmbeddingTile - 1) / kCudaEmbeddingTile;
+  return std::size_t((tiles + 31) / 32);
+}
+inline std::size_t cuda_embedding_scratch_bytes(int vocab_rows, int positions) {
+  return std::size_t(vocab_rows > 0 ? vocab_rows : 0) * cuda_embedding_tile_words(positions) * 4;
+}
 // sum_squares_to's partial sums (one double each), before one result slot per span.
 inline constexpr int kCudaSumSquaresPartials = 1024;
 // The head sizes the fused attention kernels take (given the shared memory they need).

@@ -12,6 +12,7 @@ namespace {
 constexpr double kTile = 64;        // flash attention's query and key tiles
 constexpr double kSumRows = 64;     // rows per chunk of a column sum (ops.hpp)
 constexpr double kWarp = 32;
+constexpr double kEmbeddingTile = 256;  // the table gradient's tiles of positions (ops.hpp)
 double chunks(double rows) { return std::ceil(rows / kSumRows); }
 
 Traffic kernel(double read, double written) {
@@ -371,21 +372,27 @@ double embedding_shard_rows(double C) {
 }
 
 TokenCounts uniform_tokens(double N, double V, double rows, double C) {
-  const double shard = embedding_shard_rows(C);
+  const double shard = std::min(embedding_shard_rows(C), rows), shards = std::ceil(rows / shard);
+  const auto some = [&](double n) { return 1 - std::pow(1 - shard / V, n); };  // a shard's token
   TokenCounts k;
   k.positions = N * rows / V;
   k.distinct = rows * (1 - std::pow(1 - 1 / V, N));
-  k.shards = std::ceil(rows / shard) * (1 - std::pow(1 - shard / V, N));
+  k.shards = shards * some(N);
+  k.shard_rows = k.shards * shard;
+  const double whole = std::floor(N / kEmbeddingTile), rest = N - whole * kEmbeddingTile;
+  k.tile_positions = shards * (whole * kEmbeddingTile * some(kEmbeddingTile) + rest * some(rest));
   return k;
 }
 
 Traffic embedding_table_grad(const EmbeddingShape& s, const TokenCounts& k) {
   const double N = s.B * s.T, cols = table_grad_columns(s.C);
   const double slices = std::ceil(s.C / cols);
-  const double blocks = std::ceil(s.rows / embedding_shard_rows(s.C)) * slices;
-  const double touched = k.shards * slices;
-  return kernel((blocks + touched) * N * 4 + k.distinct * s.C * 4 + k.positions * s.C * s.e,
-                k.distinct * s.C * 4);
+  const double words = std::ceil(std::ceil(N / kEmbeddingTile) / 32);
+  const Traffic mark = kernel(N * 4 + k.positions * 4, k.positions * 4);
+  const double bits = slices * (s.rows + k.shard_rows) * words * 4;
+  return mark + kernel(bits + slices * k.tile_positions * 4 + k.distinct * s.C * 4 +
+                           k.positions * s.C * s.e,
+                       k.distinct * s.C * 4);
 }
 
 LayerTraffic embedding_traffic(const EmbeddingShape& s, const TokenCounts& k) {

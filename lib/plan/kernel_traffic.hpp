@@ -149,10 +149,11 @@ struct HeadShape {
 LayerTraffic head_traffic(const HeadShape& s, int rank = 0);
 
 // What the embedding's backward reads depends on the tokens of a rank's vocabulary rows:
-// the positions holding one, the distinct ones, and the table gradient's shards (of
-// embedding_shard_rows(C) rows) with one.
+// the positions holding one, the distinct ones, the table gradient's shards (of
+// embedding_shard_rows(C) rows) with one and their rows, and, summed over those shards,
+// the positions of the 256-position tiles holding one of a shard's tokens.
 struct TokenCounts {
-  double positions = 0, distinct = 0, shards = 0;
+  double positions = 0, distinct = 0, shards = 0, shard_rows = 0, tile_positions = 0;
 };
 double embedding_shard_rows(double C);
 // Their expectation for N tokens drawn uniformly from V, of which a rank holds `rows`.
@@ -162,9 +163,11 @@ TokenCounts uniform_tokens(double N, double V, double rows, double C);
 // positions of B sequences of T (this rank's T / cp). F: the token rows looked up (each
 // thread reads its row's token); with the position table (GPT-2) added in the same pass,
 // or, vocab-parallel (tp or cp > 1), after the sum over tp on the held rows, one launch
-// per piece of whole sequences. W: the table gradient (each of its blocks reads every
-// token, twice where a shard has one; the rows that occur read and written once) and the
-// position table's (over the batch in one pass, or per piece as column sums under cp).
+// per piece of whole sequences. W: the table gradient (the tile bits: each token read,
+// each of this rank's a bit set; each block reads its rows' bits, and where a shard has a
+// token, its bits again and the tokens of the tiles they name; the rows that occur read
+// and written once; the bits' memset, not a kernel, left out) and the position table's
+// (over the batch in one pass, or per piece as column sums under cp).
 struct EmbeddingShape {
   double B = 0, T = 0, C = 0, rows = 0;
   double t = 1, cp = 1;

@@ -54,11 +54,12 @@ PlannedSteps planned_steps(const Config& c, const BackendTraits& be,
 // What a CUDA backend holds besides the arrays (ops.hpp's sizes): cuBLASLt's workspace
 // and one scratch block as large as the largest any of the model's kernels asks for: the
 // bias gradients the weight-gradient products write apart, the norm weight-gradient
-// column sums, or attention's (context parallelism's ring steps instead: the fused
-// backward's row dots of a piece, none for the loop kernels). A product cuBLASLt cannot
+// column sums, attention's (context parallelism's ring steps instead: the fused
+// backward's row dots of a piece, none for the loop kernels) or, on a rank holding the
+// embedding, its table gradient's tile bits. A product cuBLASLt cannot
 // fuse with its bias gradient sums the columns itself, in chunks (its warning says so),
 // and asks for more. T: the positions a rank holds.
-double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
+double cuda_backend_scratch(const Config& c, const BackendTraits& be, bool holds_embedding) {
   const ModelConfig& m = c.model;
   const int tp = c.parallel.tp, B = c.parallel.micro_batch_size;
   const SequenceSplit split{c.parallel.cp, 0, m.seq_len};
@@ -82,6 +83,9 @@ double cuda_backend_scratch(const Config& c, const BackendTraits& be) {
       scratch = std::max(scratch, ops::cuda_attention_scratch_bytes(
                                     backward, true, false, be.compute, B, split.piece_len(),
                                     heads, hs));
+  if (holds_embedding)  // the table gradient's tile bits over this rank's vocabulary rows
+    scratch = std::max(scratch, ops::cuda_embedding_scratch_bytes(
+                                    vocab_rows_per_shard(m, tp), N));
   // The gradient norm's partial sums (and one more per tensor, left out: a few hundred bytes).
   scratch = std::max(scratch, ops::kCudaSumSquaresPartials * sizeof(double));
   return double(ops::kCudaGemmWorkspaceBytes + scratch);
@@ -141,7 +145,9 @@ RankMemory rank_memory(const Config& c, int stage, int tp_rank, const BackendTra
   if (p.cp > 1)
     r.ring_buffers = double(RingAttention::buffer_bytes(shape.batch, shape.seq_len, shape.kv_heads,
                                                         head_size(m), be.compute));
-  if (be.device_memory) r.backend_scratch = cuda_backend_scratch(c, be);
+  if (be.device_memory)
+    r.backend_scratch = cuda_backend_scratch(
+        c, be, std::any_of(part.chunks.begin(), part.chunks.end(), [](const ChunkSpec& ch) { return ch.first; }));
   return r;
 }
 

@@ -243,8 +243,9 @@ void CudaOps::embedding_forward(Act* out, const int32_t* tokens, const Act* wte,
 
 void CudaOps::embedding_backward(float* dwte, float* dwpe, const Act* dout, const int32_t* tokens,
                                  int vocab_begin, int vocab_rows, int B, int T, int C) {
+  void* scratch = workspace(cuda_embedding_scratch_bytes(vocab_rows, B * T));
   launch_typed([](auto... args) { cuda::embedding_backward(args...); }, dwte, dwpe, dout, tokens,
-               vocab_begin, vocab_rows, B, T, C);
+               vocab_begin, vocab_rows, B, T, C, scratch);
 }
 
 void CudaOps::cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets,

@@ -98,9 +98,11 @@ template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, int vocab_begin,
                        int vocab_rows, const T* wpe, int B, int T_, int C, cudaStream_t s);
 // Deterministic: each output row of dwte is summed by one owner in position order.
+// `scratch`: cuda_embedding_scratch_bytes(vocab_rows, B * T_) bytes of device memory.
 template <typename T>
 void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens,
-                        int vocab_begin, int vocab_rows, int B, int T_, int C, cudaStream_t s);
+                        int vocab_begin, int vocab_rows, int B, int T_, int C, void* scratch,
+                        cudaStream_t s);
 
 // ---- cross-entropy (cross_entropy.cu), softmax over the vocabulary in fp32 ----
 template <typename T>

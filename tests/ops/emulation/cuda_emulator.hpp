@@ -144,6 +144,12 @@ T atomicAdd(T* p, T v) {
   return old;
 }
 template <typename T>
+T atomicOr(T* p, T v) {
+  const T old = *p;
+  *p = old | v;
+  return old;
+}
+template <typename T>
 T atomicMax(T* p, T v) {
   const T old = *p;
   *p = old < v ? v : old;

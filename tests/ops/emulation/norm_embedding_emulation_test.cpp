@@ -4,9 +4,11 @@
 // shapes (or pointers) that do not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "emulated_kernels.hpp"
@@ -165,9 +167,10 @@ std::vector<int32_t> make_tokens(int BT, int begin, int rows) {
 
 // (B, T, C, vocab_rows, skew): one shard of the dwte kernel; C that takes the packs;
 // several shards, several column slices (C 300 misaligned: 256-column slices) and more
-// positions than a block's tile.
-constexpr int kEmbeddingShapes[][5] = {
-    {2, 7, 37, 13, 0}, {2, 5, 64, 13, 0}, {3, 100, 300, 150, 1}, {2, 9, 64, 150, 0}};
+// positions than a tile of 256; more tiles than a word of the tile bits holds (32).
+constexpr int kEmbeddingShapes[][5] = {{2, 7, 37, 13, 0},    {2, 5, 64, 13, 0},
+                                       {3, 100, 300, 150, 1}, {2, 9, 64, 150, 0},
+                                       {2, 4200, 8, 40, 0}};
 
 TYPED_TEST(EmulatedEmbedding, ForwardMatchesCpu) {
   using T = TypeParam;
@@ -202,8 +205,9 @@ TYPED_TEST(EmulatedEmbedding, BackwardAddsInPositionOrderLikeTheCpu) {
       Device<int32_t> dtok(tokens);
       Device<T> ddout(dout, skew);
       Device<float> ddwte(dwte, skew), ddwpe(dwpe, skew);
+      Device<float> scratch(ops::cuda_embedding_scratch_bytes(rows, BT) / 4);  // not zeroed
       kern::embedding_backward<T>(ddwte.get(), with_wpe ? ddwpe.get() : nullptr, ddout.get(),
-                                  dtok.get(), kBegin, rows, B, Tn, C, nullptr);
+                                  dtok.get(), kBegin, rows, B, Tn, C, scratch.get(), nullptr);
       this->cpu.embedding_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
                                    tokens.data(), kBegin, rows, B, Tn, C);
       // fp32 sums in the CPU's order: the same bits.
@@ -229,7 +233,8 @@ TYPED_TEST(EmulatedEmbedding, TableGradientTrafficIsThePlannersModel) {
 #if defined(__GNUC__) && !defined(__clang__)
   using T = TypeParam;
   constexpr int kBegin = 5;
-  constexpr int kShapes[][4] = {{2, 5, 64, 13}, {3, 100, 300, 150}, {2, 9, 64, 150}, {2, 40, 1100, 70}};
+  constexpr int kShapes[][4] = {{2, 5, 64, 13},    {3, 100, 300, 150}, {2, 9, 64, 150},
+                                {2, 40, 1100, 70}, {2, 4200, 8, 40}};
   for (const auto& [B, Tn, C, rows] : kShapes) {
     const int BT = B * Tn;
     const std::vector<int32_t> tokens = make_tokens(BT, kBegin, rows);
@@ -242,23 +247,29 @@ TYPED_TEST(EmulatedEmbedding, TableGradientTrafficIsThePlannersModel) {
     int32_t* dtok = device_copy(tokens);
     T* ddout = device_copy(dout);
     float* ddwte = device_copy(std::vector<float>(std::size_t(rows) * C, 1.0f));
+    unsigned* bits = device_copy(std::vector<unsigned>(ops::cuda_embedding_scratch_bytes(rows, BT) / 4, ~0u));
     const auto before = pptrain_emu::counters::totals();
-    kern::embedding_backward<T>(ddwte, nullptr, ddout, dtok, kBegin, rows, B, Tn, C, nullptr);
+    kern::embedding_backward<T>(ddwte, nullptr, ddout, dtok, kBegin, rows, B, Tn, C, bits, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto after = pptrain_emu::counters::totals();
-    for (void* p : {static_cast<void*>(dtok), static_cast<void*>(ddout), static_cast<void*>(ddwte)})
+    for (void* p : {static_cast<void*>(dtok), static_cast<void*>(ddout), static_cast<void*>(ddwte),
+                    static_cast<void*>(bits)})
       EXPECT_EQ(cudaFree(p), cudaSuccess);
 
     const int shard_rows = int(embedding_shard_rows(C));
     TokenCounts k;
     std::set<int> distinct, shards;
-    for (const int32_t t : tokens)
-      if (t >= kBegin && t < kBegin + rows) {
+    std::set<std::pair<int, int>> shard_tiles;
+    for (int i = 0; i < BT; ++i)
+      if (const int t = tokens[std::size_t(i)]; t >= kBegin && t < kBegin + rows) {
         k.positions += 1;
         distinct.insert(t);
         shards.insert((t - kBegin) / shard_rows);
+        shard_tiles.insert({(t - kBegin) / shard_rows, i / 256});
       }
     k.distinct = double(distinct.size()), k.shards = double(shards.size());
+    for (const int s : shards) k.shard_rows += std::min(shard_rows, rows - s * shard_rows);
+    for (const auto& [s, tile] : shard_tiles) k.tile_positions += std::min(256, BT - tile * 256);
     EmbeddingShape m;
     m.B = B, m.T = Tn, m.C = C, m.rows = rows, m.e = sizeof(T);
     const Traffic model = embedding_table_grad(m, k);
