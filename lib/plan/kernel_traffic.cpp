@@ -336,7 +336,7 @@ LayerTraffic head_traffic(const HeadShape& s, int rank) {
   const double row = std::ceil(real / pack) * pack * e;
   Traffic cross_entropy;
   if (s.t == 1) {
-    cross_entropy = kernel(N * (3 * row + kRowThreads * (4 + e)), N * (4 + Vl * e));
+    cross_entropy = kernel(N * (2 * row + kRowThreads * (4 + e)), N * (4 + Vl * e));
   } else {
     const double target = N * e * real / s.V;  // the targets' logits this rank holds
     cross_entropy = kernel(N * row, N * 4) +                                        // maxima

@@ -135,7 +135,7 @@ LayerTraffic layer_traffic(const LayerShape& s);
 // vocabulary columns and the cross-entropy with its gradient, then the loss's mean; in B
 // the product into the input gradient (summed over tp by NCCL) and the norm's; in W the
 // head's weight gradient and the norm's. Without tp the cross-entropy is one kernel a
-// row (the row read three times); with it three (row maxima, partial sums, finish), and
+// row (the row read twice); with it three (row maxima, partial sums, finish), and
 // the target's logit is read by the rank holding it (here its share of the real columns,
 // so that the ranks' traffic sums to the whole). Every thread of a cross-entropy block
 // (512) reads the row's statistics. V real and Vp padded vocabulary columns.

@@ -1,5 +1,6 @@
 // Softmax cross-entropy CUDA kernels, one block per row, fp32 throughout: the fused
-// op over the first V of Vp columns, and the three phases of the vocab-parallel form
+// op over the first V of Vp columns (the row read twice: its largest value and sum of
+// exponentials in one pass, then the gradient), and the three phases of the vocab-parallel form
 // (row max, partial sums, finish) over a shard of Vl columns starting at col_begin.
 // Columns past the real vocabulary are masked out and get gradient 0. dlogits may
 // alias logits: every value a thread needs is read before the block's last barrier,
@@ -45,6 +46,30 @@ __device__ float row_exp_sum(const T* x, int real, float m, float* red) {
   return block_sum(s, red);
 }
 
+// The row's largest value m and its sum of exp(x[j] - m) over j < real, in one pass:
+// each thread keeps its own running largest value and a sum scaled to it (rescaled when
+// that grows); the block then scales each thread's sum to the row's largest value.
+template <typename T, int W>
+__device__ float2 row_max_and_exp_sum(const T* x, int real, float* red) {
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x * W; j < real; j += blockDim.x * W) {
+    const Pack<T, W> p = load_pack<W>(x + j);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (j + k >= real) continue;
+      const float v = to_f32(p.v[k]);
+      if (v > m) {
+        s = s * expf(m - v) + 1.0f;
+        m = v;
+      } else {
+        s += expf(v - m);
+      }
+    }
+  }
+  const float row = block_max(m, red);
+  return {row, block_sum(m == -INFINITY ? 0.0f : s * expf(m - row), red)};
+}
+
 // d[j] = exp(x[j] - m) * scale (minus dloss at `local`) for j < real, 0 up to cols.
 template <typename T, int W>
 __device__ void write_grad(T* d, const T* x, int real, int cols, float m, float scale, int local,
@@ -80,8 +105,8 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   const int target = targets[blockIdx.x];
   const bool valid = target >= 0 && target < V;
   const float xt = valid ? to_f32(x[target]) : NAN;  // read before anything is written
-  const float m = row_max<T, W>(x, V, red);
-  const float sum = row_exp_sum<T, W>(x, V, m, red);                // ends with a barrier
+  const float2 stats = row_max_and_exp_sum<T, W>(x, V, red);  // ends with a barrier
+  const float m = stats.x, sum = stats.y;
   if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) - (xt - m);  // NaN for a bad target
   if (dlogits != nullptr)
     write_grad<T, W>(dlogits + off, x, V, Vp, m, grad_scale(dloss, sum), target, dloss);
