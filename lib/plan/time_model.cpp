@@ -9,10 +9,10 @@
 #include "plan/kernel_traffic.hpp"
 
 #include "model/param_layout.hpp"
+#include "ops/ops.hpp"
 #include "optim/adamw.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/simulator.hpp"
-#include "ops/ops.hpp"
 #include "train/grad_buckets.hpp"
 #include "train/memory_plan.hpp"
 #include "train/session.hpp"
