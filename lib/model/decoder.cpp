@@ -175,7 +175,7 @@ float DecoderModel::head_forward(Activations& a, float loss_scale, double* loss_
   if (part_.tp_size == 1) {
     ops_.cross_entropy(losses, dlogits, logits, targets, N, V, Vrows_, dloss);
   } else {  // vocab-parallel: full logits are never gathered
-    ops_.ce_row_max(ce_max, logits, N, Vrows_, vocab_begin_, V);
+    ops_.ce_row_max(ce_max, ce_stats, logits, N, Vrows_, vocab_begin_, V);
     tp_.reduce_stats(ce_max, size_t(N), comm::ReduceOp::Max);
     ops_.ce_partial_sums(ce_stats, logits, ce_max, targets, N, Vrows_, vocab_begin_, V);
     tp_.reduce_stats(ce_stats, 2 * size_t(N), comm::ReduceOp::Sum);

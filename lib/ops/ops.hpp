@@ -338,10 +338,13 @@ class Ops {
   // columns [col_begin, col_begin+Vl) of the padded vocabulary (global columns >= V are
   // padding). Between phases the caller all-reduces over the tensor-parallel group:
   // rowmax with MAX after phase 1, stats with SUM after phase 2.
-  // 1. rowmax[n] = max over this shard's real columns (-inf when it has none).
-  virtual void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin,
-                          int V) = 0;
-  // 2. stats[2n] = sum over real columns of exp(logit - rowmax[n]); stats[2n+1] = the
+  // 1. rowmax[n] = max over this shard's real columns (-inf when it has none); stats
+  //    [2n, 2n+2) get what phase 2 needs of the row (the backend's own: the CUDA kernels
+  //    sum the row's exponentials here, in the same pass).
+  virtual void ce_row_max(float* rowmax, float* stats, const Act* logits, int N, int Vl,
+                          int col_begin, int V) = 0;
+  // 2. With rowmax now the max over all shards and stats as phase 1 left them:
+  //    stats[2n] = sum over real columns of exp(logit - rowmax[n]); stats[2n+1] = the
   //    target's logit when its column is in this shard, else 0.
   virtual void ce_partial_sums(float* stats, const Act* logits, const float* rowmax,
                                const int32_t* targets, int N, int Vl, int col_begin, int V) = 0;

@@ -339,8 +339,8 @@ LayerTraffic head_traffic(const HeadShape& s, int rank) {
     cross_entropy = kernel(N * (2 * row + kRowThreads * (4 + e)), N * (4 + Vl * e));
   } else {
     const double target = N * e * real / s.V;  // the targets' logits this rank holds
-    cross_entropy = kernel(N * row, N * 4) +                                        // maxima
-                    kernel(N * (row + kRowThreads * 4 + 4) + target, N * 8) +       // sums
+    cross_entropy = kernel(N * row, N * 12) +                                       // statistics
+                    kernel(N * 16 + target, N * 8) +                                // sums
                     kernel(N * (row + kRowThreads * 12 + 4), N * (4 + Vl * e));     // finish
   }
   const Traffic add_mean = kernel(N * 4 + 8, 8);

@@ -135,10 +135,11 @@ LayerTraffic layer_traffic(const LayerShape& s);
 // vocabulary columns and the cross-entropy with its gradient, then the loss's mean; in B
 // the product into the input gradient (summed over tp by NCCL) and the norm's; in W the
 // head's weight gradient and the norm's. Without tp the cross-entropy is one kernel a
-// row (the row read twice); with it three (row maxima, partial sums, finish), and
-// the target's logit is read by the rank holding it (here its share of the real columns,
-// so that the ranks' traffic sums to the whole). Every thread of a cross-entropy block
-// (512) reads the row's statistics. V real and Vp padded vocabulary columns.
+// row (the row read twice); with it three (the shard's row statistics in one read, a
+// thread a row scaling the sums to the max over the shards and reading the target's logit
+// on the rank holding it, here its share of the real columns so that the ranks' traffic
+// sums to the whole; the finish reading the row again). Every thread of the cross-entropy
+// blocks (512) reads the row's statistics. V real and Vp padded vocabulary columns.
 struct HeadShape {
   double B = 0, T = 0, C = 0;
   double V = 0, Vp = 0;

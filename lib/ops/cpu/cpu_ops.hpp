@@ -154,7 +154,9 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::cross_entropy, losses, out(dlogits, elems(N, Vp)), in(logits, elems(N, Vp)), targets,
         N, V, Vp, dloss);
   }
-  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) override {
+  // Phase 2 sums the row's exponentials from the row itself: phase 1 leaves stats alone.
+  void ce_row_max(float* rowmax, float* /*stats*/, const Act* logits, int N, int Vl,
+                  int col_begin, int V) override {
     run(&Cpu::ce_row_max, rowmax, in(logits, elems(N, Vl)), N, Vl, col_begin, V);
   }
   void ce_partial_sums(float* stats, const Act* logits, const float* rowmax, const int32_t* targets,

@@ -1,7 +1,9 @@
-// Softmax cross-entropy CUDA kernels, one block per row, fp32 throughout: the fused
-// op over the first V of Vp columns (the row read twice: its largest value and sum of
-// exponentials in one pass, then the gradient), and the three phases of the vocab-parallel form
-// (row max, partial sums, finish) over a shard of Vl columns starting at col_begin.
+// Softmax cross-entropy CUDA kernels, a block per row (phase 2 below: a thread per row),
+// fp32 throughout: the fused op over the first V of Vp columns, and the three phases of
+// the vocab-parallel form
+// (the shard's largest value and sum of exponentials, the sum scaled to the max over the
+// shards, finish) over a shard of Vl columns starting at col_begin. Either reads a row
+// twice: its largest value and sum of exponentials in one pass, then the gradient.
 // Columns past the real vocabulary are masked out and get gradient 0. dlogits may
 // alias logits: every value a thread needs is read before the block's last barrier,
 // and afterwards each thread writes only the elements it reads itself.
@@ -19,32 +21,6 @@ constexpr int kThreads = 512;
 // A row's loads go in W-wide packs; with W > 1 the row length (cols) is a multiple of
 // W and the row is 16-byte aligned, so a pack starting below `real` (<= cols) is in
 // bounds.
-
-// Largest of x[0, real) over the block (-inf when real == 0).
-template <typename T, int W>
-__device__ float row_max(const T* x, int real, float* red) {
-  float m = -INFINITY;
-  for (int j = threadIdx.x * W; j < real; j += blockDim.x * W) {
-    const Pack<T, W> p = load_pack<W>(x + j);
-#pragma unroll
-    for (int k = 0; k < W; ++k)
-      if (j + k < real) m = fmaxf(m, to_f32(p.v[k]));
-  }
-  return block_max(m, red);
-}
-
-// Sum of exp(x[j] - m) over j < real, over the block (0 when real == 0).
-template <typename T, int W>
-__device__ float row_exp_sum(const T* x, int real, float m, float* red) {
-  float s = 0.0f;
-  for (int j = threadIdx.x * W; j < real; j += blockDim.x * W) {
-    const Pack<T, W> p = load_pack<W>(x + j);
-#pragma unroll
-    for (int k = 0; k < W; ++k)
-      if (j + k < real) s += expf(to_f32(p.v[k]) - m);
-  }
-  return block_sum(s, red);
-}
 
 // The row's largest value m and its sum of exp(x[j] - m) over j < real, in one pass:
 // each thread keeps its own running largest value and a sum scaled to it (rescaled when
@@ -117,26 +93,36 @@ __device__ __forceinline__ int real_columns(int Vl, int col_begin, int V) {
   return max(0, min(Vl, V - col_begin));
 }
 
+// Phase 1: the shard's largest value, and its sum of exponentials scaled to it, kept in
+// stats (stats[2n] the sum, stats[2n+1] the largest value) for phase 2.
 template <typename T, int W>
-__global__ void ce_row_max_kernel(float* rowmax, const T* logits, int Vl, int col_begin, int V) {
-  __shared__ float red[32];
-  const T* x = logits + static_cast<std::size_t>(blockIdx.x) * Vl;
-  const float m = row_max<T, W>(x, real_columns(Vl, col_begin, V), red);
-  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
-}
-
-template <typename T, int W>
-__global__ void ce_partial_sums_kernel(float* stats, const T* logits, const float* rowmax,
-                                       const int32_t* targets, int Vl, int col_begin, int V) {
+__global__ void ce_row_max_kernel(float* rowmax, float* stats, const T* logits, int Vl,
+                                  int col_begin, int V) {
   __shared__ float red[32];
   const int n = blockIdx.x;
   const T* x = logits + static_cast<std::size_t>(n) * Vl;
-  const int real = real_columns(Vl, col_begin, V);
-  const float sum = row_exp_sum<T, W>(x, real, rowmax[n], red);
+  const float2 r = row_max_and_exp_sum<T, W>(x, real_columns(Vl, col_begin, V), red);
   if (threadIdx.x != 0) return;
+  rowmax[n] = r.x;
+  stats[2 * n] = r.y;
+  stats[2 * n + 1] = r.x;
+}
+
+// Phase 2, a thread a row: the shard's sum scaled to the row's max over all shards (a
+// shard without real columns has sum 0 and largest value -inf: 0 x 0), and the target's
+// logit where this shard holds it.
+template <typename T>
+__global__ void ce_partial_sums_kernel(float* stats, const T* logits, const float* rowmax,
+                                       const int32_t* targets, int N, int Vl, int col_begin,
+                                       int V) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int real = real_columns(Vl, col_begin, V);
+  const float sum = stats[2 * n] * expf(stats[2 * n + 1] - rowmax[n]);
   const int target = targets[n];
   const int local = target - col_begin;
-  float tl = local >= 0 && local < real ? to_f32(x[local]) : 0.0f;
+  float tl = local >= 0 && local < real ? to_f32(logits[static_cast<std::size_t>(n) * Vl + local])
+                                        : 0.0f;
   if (target < 0 || target >= V) tl = NAN;  // a bad target poisons the loss
   stats[2 * n] = sum;
   stats[2 * n + 1] = tl;
@@ -188,16 +174,16 @@ void cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* ta
 }
 
 template <typename T>
-void ce_row_max(float* rowmax, const T* logits, int N, int Vl, int col_begin, int V,
+void ce_row_max(float* rowmax, float* stats, const T* logits, int N, int Vl, int col_begin, int V,
                 cudaStream_t s) {
   check_shard("ce_row_max", N, Vl, col_begin, V);
   if (N == 0) return;
-  PPTRAIN_CHECK(rowmax && (logits || Vl == 0), "ce_row_max: null pointer");
+  PPTRAIN_CHECK(rowmax && stats && (logits || Vl == 0), "ce_row_max: null pointer");
   constexpr int W = kVec<T>;
   if (wide_rows<T>(Vl, {logits}))
-    ce_row_max_kernel<T, W><<<N, kThreads, 0, s>>>(rowmax, logits, Vl, col_begin, V);
+    ce_row_max_kernel<T, W><<<N, kThreads, 0, s>>>(rowmax, stats, logits, Vl, col_begin, V);
   else
-    ce_row_max_kernel<T, 1><<<N, kThreads, 0, s>>>(rowmax, logits, Vl, col_begin, V);
+    ce_row_max_kernel<T, 1><<<N, kThreads, 0, s>>>(rowmax, stats, logits, Vl, col_begin, V);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
@@ -207,13 +193,9 @@ void ce_partial_sums(float* stats, const T* logits, const float* rowmax, const i
   check_shard("ce_partial_sums", N, Vl, col_begin, V);
   if (N == 0) return;
   PPTRAIN_CHECK(stats && rowmax && targets && (logits || Vl == 0), "ce_partial_sums: null pointer");
-  constexpr int W = kVec<T>;
-  if (wide_rows<T>(Vl, {logits}))
-    ce_partial_sums_kernel<T, W>
-        <<<N, kThreads, 0, s>>>(stats, logits, rowmax, targets, Vl, col_begin, V);
-  else
-    ce_partial_sums_kernel<T, 1>
-        <<<N, kThreads, 0, s>>>(stats, logits, rowmax, targets, Vl, col_begin, V);
+  constexpr int kRowThreads = 256;
+  ce_partial_sums_kernel<T><<<(N + kRowThreads - 1) / kRowThreads, kRowThreads, 0, s>>>(
+      stats, logits, rowmax, targets, N, Vl, col_begin, V);
   PPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
@@ -239,7 +221,7 @@ void ce_finish(float* losses, T* dlogits, const T* logits, const float* rowmax, 
 #define PPTRAIN_INSTANTIATE(T)                                                                    \
   template void cross_entropy<T>(float*, T*, const T*, const int32_t*, int, int, int, float,      \
                                  cudaStream_t);                                                   \
-  template void ce_row_max<T>(float*, const T*, int, int, int, int, cudaStream_t);                \
+  template void ce_row_max<T>(float*, float*, const T*, int, int, int, int, cudaStream_t);       \
   template void ce_partial_sums<T>(float*, const T*, const float*, const int32_t*, int, int, int, \
                                    int, cudaStream_t);                                            \
   template void ce_finish<T>(float*, T*, const T*, const float*, const float*, const int32_t*,    \

@@ -150,7 +150,8 @@ class CudaOps final : public Ops {
                           int vocab_begin, int vocab_rows, int B, int T, int C) override;
   void cross_entropy(float* losses, Act* dlogits, const Act* logits, const int32_t* targets, int N,
                      int V, int Vp, float dloss) override;
-  void ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) override;
+  void ce_row_max(float* rowmax, float* stats, const Act* logits, int N, int Vl, int col_begin,
+                  int V) override;
   void ce_partial_sums(float* stats, const Act* logits, const float* rowmax, const int32_t* targets,
                        int N, int Vl, int col_begin, int V) override;
   void ce_finish(float* losses, Act* dlogits, const Act* logits, const float* rowmax,

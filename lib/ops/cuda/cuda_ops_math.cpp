@@ -254,9 +254,10 @@ void CudaOps::cross_entropy(float* losses, Act* dlogits, const Act* logits, cons
                N, V, Vp, dloss);
 }
 
-void CudaOps::ce_row_max(float* rowmax, const Act* logits, int N, int Vl, int col_begin, int V) {
-  launch_typed([](auto... args) { cuda::ce_row_max(args...); }, rowmax, logits, N, Vl, col_begin,
-               V);
+void CudaOps::ce_row_max(float* rowmax, float* stats, const Act* logits, int N, int Vl,
+                         int col_begin, int V) {
+  launch_typed([](auto... args) { cuda::ce_row_max(args...); }, rowmax, stats, logits, N, Vl,
+               col_begin, V);
 }
 
 void CudaOps::ce_partial_sums(float* stats, const Act* logits, const float* rowmax,

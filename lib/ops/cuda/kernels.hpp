@@ -108,8 +108,11 @@ void embedding_backward(float* dwte, float* dwpe, const T* dout, const int32_t* 
 template <typename T>
 void cross_entropy(float* losses, T* dlogits, const T* logits, const int32_t* targets, int N,
                    int V, int Vp, float dloss, cudaStream_t s);
+// The vocab-parallel phases (ops::Ops's contract): phase 1 reads the row once, leaving the
+// shard's largest value and its sum of exponentials scaled to it in stats; phase 2 scales
+// that sum to the max over all shards and reads the target's logit (one thread a row).
 template <typename T>
-void ce_row_max(float* rowmax, const T* logits, int N, int Vl, int col_begin, int V,
+void ce_row_max(float* rowmax, float* stats, const T* logits, int N, int Vl, int col_begin, int V,
                 cudaStream_t s);
 template <typename T>
 void ce_partial_sums(float* stats, const T* logits, const float* rowmax, const int32_t* targets,

@@ -80,13 +80,16 @@ TYPED_TEST(EmulatedLoss, VocabParallelPhasesMatchCpu) {
     const std::vector<int32_t> targets = make_targets(N, V);
     const float dloss = 0.5f;
     Device<int32_t> dtargets(targets);
-    // Phase 1 per shard, then the max over shards (the all-reduce, here on the host).
+    // Phase 1 per shard (its stats kept for phase 2), then the max over shards (the
+    // all-reduce, here on the host).
     std::vector<float> rowmax(N, -INFINITY);
+    std::vector<std::vector<float>> own_stats;
     for (int s = 0; s < S; ++s) {
       const std::vector<float> part = shard_of(logits, N, Vp, s, Vl);
       Device<T> dpart(part);
-      Device<float> dmax(N);
-      kern::ce_row_max<T>(dmax.get(), dpart.get(), N, Vl, s * Vl, V, nullptr);
+      Device<float> dmax(N), dstats(2 * std::size_t(N));
+      kern::ce_row_max<T>(dmax.get(), dstats.get(), dpart.get(), N, Vl, s * Vl, V, nullptr);
+      own_stats.push_back(dstats.read());
       std::vector<float> want(N);
       this->cpu.ce_row_max(want.data(), part.data(), N, Vl, s * Vl, V);
       EXPECT_TRUE(all_close(dmax.read(), want, 0.0)) << "row max, shard " << s;
@@ -97,7 +100,7 @@ TYPED_TEST(EmulatedLoss, VocabParallelPhasesMatchCpu) {
     for (int s = 0; s < S; ++s) {
       const std::vector<float> part = shard_of(logits, N, Vp, s, Vl);
       Device<T> dpart(part);
-      Device<float> dmax(rowmax), dstats(2 * std::size_t(N));
+      Device<float> dmax(rowmax), dstats(own_stats[std::size_t(s)]);
       kern::ce_partial_sums<T>(dstats.get(), dpart.get(), dmax.get(), dtargets.get(), N, Vl, s * Vl,
                                V, nullptr);
       std::vector<float> want(2 * std::size_t(N));
