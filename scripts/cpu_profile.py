@@ -28,7 +28,7 @@ RUNS = [("small (4L d256 T256 B8)", 30, 400),
 CATEGORIES = [
     ("GEMM micro-kernels", r"avx512_kernel|avx2_kernel|portable_kernel|sgemm_(small_)?kernel"),
     ("GEMM packing and driver", r"pack_|sgemm_\w*copy|sgemm_beta|cpu::gemm|blas_memory|gemm_"),
-    ("attention, not its GEMMs", r"attention|blocked_forward|blocked_backward"),
+    ("attention, not its GEMMs", r"attention|blocked_forward|blocked_backward|softmax_row|softmax_backward_row|probability_gradient_row"),
     ("GELU", r"gelu"),
     ("LayerNorm", r"layernorm"),
     ("bias and column sums", r"column_sums|bias"),

@@ -29,7 +29,10 @@ void sgemm(cpu::GemmWorkspace& ws, bool ta, bool tb, int M, int N, int K, float 
   cpu::gemm_serial({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc}, ws);
 }
 
+// The row kernels below are compiled for the widest vectors this CPU runs (the same
+// operations in the same order on every width: the same bits).
 // In place over row t of scores (columns [0, T)): softmax over [0, t], zeros after.
+PPTRAIN_WIDE_CLONES
 void causal_softmax_row(float* row, int t, int T) {
   const int n = t + 1;
   const float maxv = cpu::row_max(row, n);
@@ -37,6 +40,15 @@ void causal_softmax_row(float* row, int t, int T) {
   const float inv = static_cast<float>(1.0 / cpu::row_sum(row, n));
   for (int j = 0; j < n; ++j) row[j] *= inv;
   std::fill(row + n, row + T, 0.0f);
+}
+
+// Row t of the softmax backward, in place over p[0, T) (the probabilities' gradient):
+// scale * att * (p - sum_j p att) over [0, t], zeros after.
+PPTRAIN_WIDE_CLONES
+void causal_softmax_backward_row(float* p, const float* att, int t, int T, float scale) {
+  const float dot = static_cast<float>(cpu::row_dot(p, att, t + 1));
+  for (int j = 0; j <= t; ++j) p[j] = scale * att[j] * (p[j] - dot);
+  std::fill(p + t + 1, p + T, 0.0f);
 }
 
 }  // namespace
@@ -113,13 +125,9 @@ void CpuOps::attention_backward(float* dqkv, const float* dout, const float* qkv
         sgemm(ws, false, true, r1 - r0, r1, hs, 1.0f, d + static_cast<std::size_t>(r0) * C, C, v, W,
               0.0f, p_rows, T);
         // Softmax backward: dpre = scale * att * (datt - sum_j datt * att).
-        for (int t = r0; t < r1; ++t) {
-          float* p = dpre + static_cast<std::size_t>(t) * T;
-          const float* arow = a + static_cast<std::size_t>(t) * T;
-          const float dotf = static_cast<float>(cpu::row_dot(p, arow, t + 1));
-          for (int j = 0; j <= t; ++j) p[j] = scale * arow[j] * (p[j] - dotf);
-          std::fill(p + t + 1, p + T, 0.0f);
-        }
+        for (int t = r0; t < r1; ++t)
+          causal_softmax_backward_row(dpre + static_cast<std::size_t>(t) * T,
+                                      a + static_cast<std::size_t>(t) * T, t, T, scale);
         // dq[r0:r1] = dpre[r0:r1, 0:r1] @ k[0:r1]
         sgemm(ws, false, false, r1 - r0, hs, r1, 1.0f, p_rows, T, k, W, 0.0f,
               dq + static_cast<std::size_t>(r0) * W, W);

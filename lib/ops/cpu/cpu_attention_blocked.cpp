@@ -84,6 +84,37 @@ void for_each_tiled(float* scratch, cpu::GemmWorkspace* gemm, std::size_t per_th
   }
 }
 
+// The row kernels of a block, compiled for the widest vectors this CPU runs (the same
+// operations in the same order on every width: the same bits).
+// Forward, one query row: its scores s[0, cols), the first `valid` visible, become
+// exp(s - new maximum) (the rest 0); the running maximum and sum, and the row's
+// accumulator acc[0, hs), are brought to the new maximum.
+PPTRAIN_WIDE_CLONES
+void online_softmax_row(float* s, int valid, int cols, float* acc, int hs, float& max,
+                        double& sum) {
+  std::fill(s + valid, s + cols, 0.0f);
+  if (valid == 0) return;  // p is 0: this row's acc is unchanged
+  const float m_new = std::max(max, cpu::row_max(s, valid));
+  const float rescale = cpu::exp_nonpositive(max - m_new);
+  for (int j = 0; j < valid; ++j) s[j] = cpu::exp_nonpositive(s[j] - m_new);
+  sum = sum * rescale + cpu::row_sum(s, valid);
+  max = m_new;
+  for (int d = 0; d < hs; ++d) acc[d] *= rescale;
+}
+
+// Backward, one query row: scores p[0, cols) become probabilities exp(p - lse), and
+// g[0, cols) (dout . v) the gradient w.r.t. q . k; entries from `valid` on are 0.
+PPTRAIN_WIDE_CLONES
+void probability_gradient_row(float* p, float* g, int valid, int cols, float lse, float delta,
+                              float scale) {
+  for (int j = 0; j < valid; ++j) {
+    p[j] = cpu::exp_nonpositive(std::min(p[j] - lse, 0.0f));
+    g[j] = scale * p[j] * (g[j] - delta);
+  }
+  std::fill(p + valid, p + cols, 0.0f);
+  std::fill(g + valid, g + cols, 0.0f);
+}
+
 }  // namespace
 
 std::size_t CpuOps::blocked_tile_floats(int hs) { return std::size_t(2) * R * R + std::size_t(R) * hs; }
@@ -124,20 +155,11 @@ void CpuOps::blocked_forward(float* out, float* lse, const SeqChunk& q, const Se
         const int c1 = std::min(c_end, c0 + R), cols = c1 - c0;
         t.sgemm(false, true, rows, cols, hs, scale, hd.q + static_cast<std::size_t>(r0) * W, W,
               hd.k + static_cast<std::size_t>(c0) * Wk, Wk, 0.0f, t.s, R);
-        for (int i = 0; i < rows; ++i) {
-          float* s = t.s + static_cast<std::size_t>(i) * R;
-          const int valid = visible(q, r0 + i, kv, c0, cols);
-          std::fill(s + valid, s + cols, 0.0f);
-          if (valid == 0) continue;  // p is 0: this row's acc is unchanged
-          const float m_old = row_max[i];
-          const float m_new = std::max(m_old, cpu::row_max(s, valid));
-          const float rescale = cpu::exp_nonpositive(m_old - m_new);
-          for (int j = 0; j < valid; ++j) s[j] = cpu::exp_nonpositive(s[j] - m_new);
-          row_sum[i] = row_sum[i] * rescale + cpu::row_sum(s, valid);
-          row_max[i] = m_new;
-          float* a = t.acc + static_cast<std::size_t>(i) * hs;
-          for (int d = 0; d < hs; ++d) a[d] *= rescale;
-        }
+        for (int i = 0; i < rows; ++i)
+          online_softmax_row(t.s + static_cast<std::size_t>(i) * R,
+                             visible(q, r0 + i, kv, c0, cols), cols,
+                             t.acc + static_cast<std::size_t>(i) * hs, hs, row_max[i],
+                             row_sum[i]);
         // acc += p @ v[c0:c1]
         t.sgemm(false, false, rows, hs, cols, 1.0f, t.s, R,
               hd.v + static_cast<std::size_t>(c0) * Wk, Wk, 1.0f, t.acc, hs);
@@ -229,18 +251,11 @@ void CpuOps::blocked_backward(float* dq_rows, float* dkv_rows, const float* dout
           // p = exp(scale * q k^T - lse), recomputed; dp = dout @ v^T.
           t.sgemm(false, true, rows, cols, hs, scale, q_rows, W, hd.k + key_rows, Wk, 0.0f, t.s, R);
           t.sgemm(false, true, rows, cols, hs, 1.0f, d_rows, C, hd.v + key_rows, Wk, 0.0f, t.dp, R);
-          for (int i = 0; i < rows; ++i) {
-            float* p = t.s + static_cast<std::size_t>(i) * R;
-            float* g = t.dp + static_cast<std::size_t>(i) * R;
-            const int valid = visible(q, r0 + i, kv, c0, cols);
-            const float l = row_lse[r0 + i], dlt = delta[r0 + i];
-            for (int j = 0; j < valid; ++j) {
-              p[j] = cpu::exp_nonpositive(std::min(p[j] - l, 0.0f));
-              g[j] = scale * p[j] * (g[j] - dlt);  // gradient w.r.t. q . k
-            }
-            std::fill(p + valid, p + cols, 0.0f);
-            std::fill(g + valid, g + cols, 0.0f);
-          }
+          for (int i = 0; i < rows; ++i)
+            probability_gradient_row(t.s + static_cast<std::size_t>(i) * R,
+                                     t.dp + static_cast<std::size_t>(i) * R,
+                                     visible(q, r0 + i, kv, c0, cols), cols, row_lse[r0 + i],
+                                     delta[r0 + i], scale);
           // dq[r0:r1] += g @ k[c0:c1]; dk[c0:c1] += g^T @ q[r0:r1];
           // dv[c0:c1] += p^T @ dout[r0:r1]
           t.sgemm(false, false, rows, hs, cols, 1.0f, t.dp, R, hd.k + key_rows, Wk, 1.0f,
