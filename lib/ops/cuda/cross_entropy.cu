@@ -1,9 +1,9 @@
 // Softmax cross-entropy CUDA kernels, a block per row (phase 2 below: a thread per row),
 // fp32 throughout: the fused op over the first V of Vp columns, and the three phases of
-// the vocab-parallel form
-// (the shard's largest value and sum of exponentials, the sum scaled to the max over the
-// shards, finish) over a shard of Vl columns starting at col_begin. Either reads a row
-// twice: its largest value and sum of exponentials in one pass, then the gradient.
+// the vocab-parallel form over a shard of Vl columns starting at col_begin (the shard's
+// largest value and sum of exponentials, that sum scaled to the max over the shards, the
+// finish). Either reads a row twice: its largest value and sum of exponentials in one
+// pass, then the gradient.
 // Columns past the real vocabulary are masked out and get gradient 0. dlogits may
 // alias logits: every value a thread needs is read before the block's last barrier,
 // and afterwards each thread writes only the elements it reads itself.
