@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -111,6 +112,8 @@ std::vector<GemmKernel> kernels_here() {
   return out;
 }
 
+int round_up_to(int n, int unit) { return (n + unit - 1) / unit * unit; }
+
 std::string describe(const Problem& p, GemmKernel kernel, int threads) {
   return std::to_string(p.M) + "x" + std::to_string(p.N) + "x" + std::to_string(p.K) +
          " ta " + std::to_string(p.ta) + " tb " + std::to_string(p.tb) + " beta " +
@@ -201,6 +204,49 @@ TEST(CpuGemm, TileHooksSeeEachTileBeforeAndAfterItsProduct) {
     expect_same_bits(C, want, "result with hooks");
     expect_same_bits(seen_after, want, "what after_tile saw");
   }
+}
+
+
+// The packed-op(B) hook (CpuOps::linear_grads' bias sums): every column of every K block
+// once, holding op(B)'s values (zeros past the columns handed over), for both ways of
+// sharing operands and any thread count; the product is unchanged.
+TEST(CpuGemm, PackedHookHandsOverEveryColumnOfEveryKBlockOnce) {
+  for (const auto& [M, N] : {std::pair{70, 300}, std::pair{300, 70}, std::pair{40, 40}})
+    for (bool tb : {false, true})
+      for (int threads : {1, 2, 3}) {
+        const Problem p{M, N, 2 * kGemmKBlock + 37, true, tb, 1.0f, 1.0f, 0};
+        const Operands o = operands(p, 13 + M);
+        const int blocks = (p.K + kGemmKBlock - 1) / kGemmKBlock;
+        std::vector<int> count(std::size_t(blocks) * N);
+        std::atomic<int> wrong{0};
+        const GemmPackedHook hook = [&](int kb, int j0, int n, int kc, int nr,
+                                        const float* strips) {
+          for (int c = 0; c < round_up_to(n, nr); ++c) {
+            const float* strip = strips + std::size_t(c / nr) * nr * kc;
+            for (int k = 0; k < kc; ++k) {
+              const int kk = kb * kGemmKBlock + k, j = j0 + c;
+              const float want = c >= n ? 0.0f
+                                 : tb   ? o.B[std::size_t(j) * o.ldb + kk]
+                                        : o.B[std::size_t(kk) * o.ldb + j];
+              wrong += strip[std::size_t(k) * nr + c % nr] != want;
+            }
+#pragma omp critical
+            if (c < n) ++count[std::size_t(kb) * N + j0 + c];
+          }
+        };
+        std::vector<float> C = o.C0;
+        const GemmArgs args{p.ta, p.tb, M, N, p.K, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb,
+                            1.0f, C.data(), o.ldc};
+        GemmWorkspace ws;
+        const int before = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        gemm(args, ws, best_gemm_kernel(), {}, {}, hook);
+        omp_set_num_threads(before);
+        const std::string what = describe(p, best_gemm_kernel(), threads);
+        EXPECT_EQ(wrong.load(), 0) << what;
+        for (std::size_t e = 0; e < count.size(); ++e) ASSERT_EQ(count[e], 1) << what << " at " << e;
+        expect_same_bits(C, reference(p, o), what);
+      }
 }
 
 }  // namespace

@@ -87,6 +87,41 @@ TEST(OpsFusion, LinearBackwardInputIsTheGemmThenTheGeluBackwardBitForBit) {
     }
 }
 
+// The weight and bias gradients together: the weight gradient is linear_weight_grad's,
+// bit for bit; the bias sums (taken from the product's packed strips, per K block in
+// double) are within a float rounding of the exact column sums, added to what dbias held,
+// and the same bits on any thread count. Token counts of one, several and partial K blocks.
+TEST(OpsFusion, LinearGradsIsTheWeightGradientAndTheColumnSums) {
+  std::vector<float> first_bias;
+  for (const auto& [N, Cin, Cout] :
+       {std::tuple{600, 70, 300}, std::tuple{600, 300, 70}, std::tuple{37, 48, 40}})
+    for (int threads : {1, 2, 3}) {
+      CpuOps ops(threads);
+      const std::vector<float> x = randn(N * Cin, 1), dout = randn(N * Cout, 2),
+                               dw0 = randn(Cin * Cout, 3), db0 = randn(Cout, 4);
+      std::vector<float> dw = dw0, db = db0, dw_alone = dw0;
+      ops.linear_grads(dw.data(), db.data(), x.data(), dout.data(), N, Cin, Cout);
+      ops.linear_weight_grad(dw_alone.data(), x.data(), dout.data(), N, Cin, Cout);
+      const std::string what = std::to_string(N) + "x" + std::to_string(Cin) + "x" +
+                               std::to_string(Cout) + " on " + std::to_string(threads);
+      EXPECT_TRUE(same_bits(dw, dw_alone)) << what;
+      for (int c = 0; c < Cout; ++c) {
+        long double sum = 0;
+        for (int n = 0; n < N; ++n) sum += dout[std::size_t(n) * Cout + c];
+        const double exact = double(sum + db0[c]);
+        // Two float roundings (the sum, then its addition to dbias), each within 2^-24 of
+        // its value; the double sums' own error is below 1e-12 here.
+        const double bound = std::ldexp(std::fabs(double(sum)) + std::fabs(exact), -24) + 1e-12;
+        EXPECT_NEAR(db[c], exact, bound) << what << " column " << c;
+      }
+      if (threads == 1) first_bias = db;
+      EXPECT_TRUE(same_bits(db, first_bias)) << what;
+      std::vector<float> dw_only = dw0;
+      ops.linear_grads(dw_only.data(), nullptr, x.data(), dout.data(), N, Cin, Cout);
+      EXPECT_TRUE(same_bits(dw_only, dw_alone)) << "without a bias, " << what;
+    }
+}
+
 // The projection with its residual adds the bias and the residual on each tile, as
 // add_bias and add would after the GEMM: the same bits.
 TEST(OpsFusion, GemmResidualIsTheGemmThenTheBiasThenTheResidualBitForBit) {

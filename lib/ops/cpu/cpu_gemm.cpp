@@ -399,16 +399,20 @@ namespace {
 // Runs the kernel over a tile of C (m x n from i0, j0) for one K block of depth kc, from
 // packed strips: op(A)'s rows from i0 at `a` (strips of MR one after another), op(B)'s
 // columns from j0 at `b` (strips of NR). Columns go in chunks whose packed op(B) stays in
-// L2, each strip of op(A) (in L1) meeting every strip of the chunk.
+// L2, each strip of op(A) (in L1) meeting every strip of the chunk. `before` and `after`
+// (where not null) run on each chunk just before and after, while it is in cache.
 void run_tile(const GemmArgs& g, const KernelShape& ks, int kc, const float* a, const float* b,
-              int i0, int j0, int m, int n, float beta) {
+              int i0, int j0, int m, int n, float beta, const GemmTileHook* before,
+              const GemmTileHook* after) {
   for (int jq = 0; jq < n; jq += kChunk) {
     const int chunk = std::min(kChunk, n - jq);
+    if (before) (*before)(i0, j0 + jq, m, chunk);
     for (int ir = 0; ir < m; ir += ks.mr)
       for (int jr = jq; jr < jq + chunk; jr += ks.nr)
         ks.run(kc, a + std::size_t(ir) * kc, b + std::size_t(jr) * kc,
                g.C + std::size_t(i0 + ir) * g.ldc + j0 + jr, g.ldc, std::min(ks.mr, m - ir),
                std::min(ks.nr, n - jr), g.alpha, beta);
+    if (after) (*after)(i0, j0 + jq, m, chunk);
   }
 }
 
@@ -462,13 +466,13 @@ void gemm_serial(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel) {
     for (int i0 = 0; i0 < g.M; i0 += kMcMax) {
       const int m = std::min(kMcMax, g.M - i0);
       pack_a(g, kernel, i0, m, k0, kc, ks.mr, a);
-      run_tile(g, ks, kc, a, b, i0, 0, m, g.N, k0 == 0 ? g.beta : 1.0f);
+      run_tile(g, ks, kc, a, b, i0, 0, m, g.N, k0 == 0 ? g.beta : 1.0f, nullptr, nullptr);
     }
   }
 }
 
 void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTileHook& before_tile,
-          const GemmTileHook& after_tile) {
+          const GemmTileHook& after_tile, const GemmPackedHook& packed_b) {
   if (!gemm_has_work(g, kernel)) return;
   const KernelShape ks = kernel_shape(kernel);
   const int threads = omp_get_max_threads();
@@ -522,10 +526,13 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
         const int b = w / whole_strips, strip = w % whole_strips;
         const int k0 = (kb0 + b) * kKc, kc = std::min(kKc, g.K - k0);
         float* dst = to + b * whole_block + std::size_t(strip) * whole_unit * kc;
-        if (share_b)
+        if (share_b) {
           pack_b(g, kernel, strip * ks.nr, ks.nr, k0, kc, ks.nr, dst);
-        else
+          if (packed_b)
+            packed_b(kb0 + b, strip * ks.nr, std::min(ks.nr, g.N - strip * ks.nr), kc, ks.nr, dst);
+        } else {
           pack_a(g, kernel, strip * ks.mr, ks.mr, k0, kc, ks.mr, dst);
+        }
       };
       // The slot was last used by group gi - 2: wait until its items are done, then
       // claim strips until none is left, then wait for the others' strips.
@@ -544,7 +551,6 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
         const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
         const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
         wait_until(progress[item], gi);
-        if (kb0 == 0 && before_tile) before_tile(i0, j0, m, n);
         for (int b = 0; b < blocks; ++b) {
           const int kb = kb0 + b, k0 = kb * kKc, kc = std::min(kKc, g.K - k0);
           const float* a = copy + b * whole_block + std::size_t(i0) * kc;
@@ -554,11 +560,14 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
             a = my_part;
           } else {
             pack_b(g, kernel, j0, n, k0, kc, ks.nr, my_part);
+            if (packed_b) packed_b(kb, j0, n, kc, ks.nr, my_part);
             bp = my_part;
           }
-          run_tile(g, ks, kc, a, bp, i0, j0, m, n, kb == 0 ? g.beta : 1.0f);
+          const bool first = kb == 0, last = kb + 1 == k_blocks;
+          run_tile(g, ks, kc, a, bp, i0, j0, m, n, first ? g.beta : 1.0f,
+                   first && before_tile ? &before_tile : nullptr,
+                   last && after_tile ? &after_tile : nullptr);
         }
-        if (kb0 + blocks == k_blocks && after_tile) after_tile(i0, j0, m, n);
         progress[item].store(gi + 1, std::memory_order_release);
         finished[gi].fetch_add(1, std::memory_order_release);
       }

@@ -33,8 +33,15 @@ bool cpu_runs(GemmKernel kernel);
 const char* gemm_kernel_name(GemmKernel kernel);
 
 // Called on a tile of C (rows i0.., columns j0.., m x n) by the thread that computes it:
-// before_tile before its first K block is added, after_tile once its last one is.
+// before_tile before its first K block is added, after_tile once its last one is, each
+// while the tile is in the core's cache. The tiles cut C into disjoint pieces.
 using GemmTileHook = std::function<void(int i0, int j0, int m, int n)>;
+
+// Called on op(B) as the product packs it, by the packing thread: columns j0..j0+n of K
+// block kb (depth kc) as strips of nr columns, each kc x nr floats, k-major (columns of a
+// strip past n are 0). Every column of every K block is handed over exactly once.
+using GemmPackedHook =
+    std::function<void(int kb, int j0, int n, int kc, int nr, const float* strips)>;
 
 // Packing buffers (aligned, contents undefined) and the counters that order
 // the threads' work, grown on demand and kept between calls (one per CpuOps).
@@ -65,7 +72,8 @@ struct GemmArgs {
 
 // On the OpenMP threads. Hooks may be empty.
 void gemm(const GemmArgs& args, GemmWorkspace& ws, GemmKernel kernel = best_gemm_kernel(),
-          const GemmTileHook& before_tile = {}, const GemmTileHook& after_tile = {});
+          const GemmTileHook& before_tile = {}, const GemmTileHook& after_tile = {},
+          const GemmPackedHook& packed_b = {});
 
 // The same product, in the same order (so the same bits), on the calling thread alone:
 // for small products inside a parallel region, each thread with its own workspace.

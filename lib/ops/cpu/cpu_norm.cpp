@@ -14,8 +14,12 @@ namespace pptrain::ops {
 
 namespace {
 constexpr double kLayerNormEps = 1e-5;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
+// GELU's tanh form, 0.5 x (1 + tanh u) with u = sqrt(2 / pi) (x + 0.044715 x^3), is
+// x sigmoid(2u). With e = exp(-|2u|), sigmoid(2u) is 1 / (1 + e) where u >= 0 and
+// e / (1 + e) where u < 0, and sigmoid' = e / (1 + e)^2 either way: exp's argument is
+// never positive, and no 1 - tanh cancels.
+constexpr float kGeluTwoScale = 2.0f * 0.7978845608028654f;  // 2u = x (a + b x^2)
+constexpr float kGeluTwoScaleCubic = kGeluTwoScale * 0.044715f;
 }  // namespace
 
 namespace {
@@ -139,8 +143,9 @@ PPTRAIN_WIDE_CLONES
 void cpu::gelu_forward_range(float* out, const float* inp, std::size_t begin, std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + cpu::tanh_float(u));
+    const float two_u = x * (kGeluTwoScale + kGeluTwoScaleCubic * (x * x));
+    const float e = cpu::exp_nonpositive(cpu::negative_magnitude(two_u));
+    out[i] = x * ((two_u < 0.0f ? e : 1.0f) / (1.0f + e));
   }
 }
 
@@ -149,10 +154,13 @@ void cpu::gelu_backward_range(float* dinp, const float* inp, const float* dout, 
                               std::size_t end) {
   for (std::size_t i = begin; i < end; ++i) {
     const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float th = cpu::tanh_float(u);
-    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    const float x2 = x * x;
+    const float two_u = x * (kGeluTwoScale + kGeluTwoScaleCubic * x2);
+    const float two_du = kGeluTwoScale + 3.0f * kGeluTwoScaleCubic * x2;  // d(2u)/dx
+    const float e = cpu::exp_nonpositive(cpu::negative_magnitude(two_u));
+    const float q = 1.0f / (1.0f + e);
+    const float s = (two_u < 0.0f ? e : 1.0f) * q;  // sigmoid(2u)
+    const float grad = s + x * two_du * (e * q * q);
     dinp[i] = grad * dout[i];
   }
 }

@@ -107,6 +107,48 @@ void CpuOps::linear_weight_grad(float* dw, const float* inp, const float* dout, 
 }
 
 namespace {
+// sums[c] = the sum over k < kc of strip[k * nr + c], for c < n, in double, k in order
+// (a packed strip of op(B): nr a multiple of 16, columns past n are 0).
+PPTRAIN_WIDE_CLONES
+void strip_column_sums(double* sums, const float* strip, int kc, int nr, int n) {
+  for (int c0 = 0; c0 < n; c0 += 16) {
+    double acc[16] = {};
+    for (int k = 0; k < kc; ++k) {
+      const float* row = strip + std::size_t(k) * nr + c0;
+      for (int c = 0; c < 16; ++c) acc[c] += row[c];
+    }
+    std::copy(acc, acc + std::min(16, n - c0), sums + c0);
+  }
+}
+}  // namespace
+
+void CpuOps::linear_grads(float* dw, float* dbias, const float* inp, const float* dout, int N,
+                          int Cin, int Cout) {
+  if (dbias == nullptr || N == 0 || Cin == 0 || Cout == 0) {
+    linear_weight_grad(dw, inp, dout, N, Cin, Cout);
+    if (dbias != nullptr) bias_backward(dbias, dout, N, Cout);
+    return;
+  }
+  // The bias gradient from dout's strips as the product packs them (dout is its op(B),
+  // one depth a row): each K block's column sums in double, then the blocks' in order.
+  const int blocks = (N + cpu::kGemmKBlock - 1) / cpu::kGemmKBlock;
+  double* partial = double_scratch(std::size_t(blocks) * Cout);
+  const cpu::GemmPackedHook column_sums = [&](int kb, int j0, int n, int kc, int nr,
+                                              const float* strips) {
+    double* sums = partial + std::size_t(kb) * Cout + j0;
+    for (int s = 0; s < n; s += nr)
+      strip_column_sums(sums + s, strips + std::size_t(s) * kc, kc, nr, std::min(nr, n - s));
+  };
+  const cpu::GemmArgs g{true, false, Cin, Cout, N, 1.0f, inp, Cin, dout, Cout, 1.0f, dw, Cout};
+  cpu::gemm(g, gemm_workspace_, gemm_kernel_, {}, {}, column_sums);
+  for (int c = 0; c < Cout; ++c) {
+    double total = 0.0;
+    for (int kb = 0; kb < blocks; ++kb) total += partial[std::size_t(kb) * Cout + c];
+    dbias[c] += static_cast<float>(total);
+  }
+}
+
+namespace {
 PPTRAIN_WIDE_CLONES
 void add_bias_rows(float* out, const float* bias, int n0, int n1, int C) {
   for (int n = n0; n < n1; ++n) {

@@ -60,6 +60,11 @@ class Fp32Forwarding : public Ops {
     run(&Cpu::linear_weight_grad, dw, in(inp, elems(N, Cin)), in(dout, elems(N, Cout)), N, Cin,
         Cout);
   }
+  void linear_grads(float* dw, float* dbias, const Act* inp, const Act* dout, int N, int Cin,
+                    int Cout) override {
+    run(&Cpu::linear_grads, dw, dbias, in(inp, elems(N, Cin)), in(dout, elems(N, Cout)), N, Cin,
+        Cout);
+  }
   void copy_columns(Act* dst, int dst_width, int dst_col, const Act* src, int src_width,
                     int src_col, int rows, int cols) override {
     run(&Cpu::copy_columns, inout(dst, elems(rows, dst_width)), dst_width, dst_col,
@@ -304,6 +309,11 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   void linear_backward_input(float* dinp, const float* dout, const float* w,
                              const float* gelu_inp, int N, int Cin, int Cout);
   void linear_weight_grad(float* dw, const float* inp, const float* dout, int N, int Cin, int Cout);
+  // linear_weight_grad, and dbias[c] += sum_n dout[n,c] when dbias is not null: taken
+  // from dout's strips as the product packs them, in double per K block of rows, the
+  // blocks' sums then added in order (so not the bits of bias_backward's single sum).
+  void linear_grads(float* dw, float* dbias, const float* inp, const float* dout, int N,
+                    int Cin, int Cout);
   void copy_columns(float* dst, int dst_width, int dst_col, const float* src, int src_width,
                     int src_col, int rows, int cols);
   void add_bias(float* out, const float* bias, int N, int C);

@@ -9,8 +9,11 @@ namespace pptrain::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
+// GELU's tanh form, 0.5 x (1 + tanh u) with u = sqrt(2 / pi) (x + 0.044715 x^3), is
+// x sigmoid(2u); computed from e = exp(-|2u|), as the CPU backend does, so that no
+// 1 + tanh cancels where u is negative.
+constexpr float kGeluTwoScale = 2.0f * 0.7978845608028654f;  // 2u = x (a + b x^2)
+constexpr float kGeluTwoScaleCubic = kGeluTwoScale * 0.044715f;
 
 template <typename T, int W>
 __global__ void add_kernel(T* out, const T* a, const T* b, std::size_t n) {
@@ -38,15 +41,18 @@ __global__ void convert_kernel(Dst* dst, const Src* src, std::size_t n) {
 }
 
 __device__ __forceinline__ float gelu(float x) {
-  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  const float two_u = x * (kGeluTwoScale + kGeluTwoScaleCubic * x * x);
+  const float e = expf(-fabsf(two_u));
+  return x * ((two_u < 0.0f ? e : 1.0f) / (1.0f + e));
 }
 
+// sigmoid(2u) + x sigmoid'(2u) d(2u)/dx, with sigmoid' = e / (1 + e)^2.
 __device__ __forceinline__ float gelu_grad(float x) {
-  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  const float th = tanhf(u);
-  const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+  const float two_u = x * (kGeluTwoScale + kGeluTwoScaleCubic * x * x);
+  const float two_du = kGeluTwoScale + 3.0f * kGeluTwoScaleCubic * x * x;
+  const float e = expf(-fabsf(two_u));
+  const float q = 1.0f / (1.0f + e);
+  return (two_u < 0.0f ? e : 1.0f) * q + x * two_du * (e * q * q);
 }
 
 template <typename T, int W>
