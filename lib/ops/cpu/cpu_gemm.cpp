@@ -423,13 +423,26 @@ constexpr int kItemsPerThread = 4;
 // floats (1 MiB, in a core's L2).
 constexpr std::size_t kWholeFloats = std::size_t(1) << 18;
 
-// The largest count of `unit`-wide pieces that cuts `units` into at least `target` pieces,
-// their number a multiple of `threads` where one fits (equal pieces, equal shares).
-int piece_units(int units, int target, int threads) {
-  int per = std::max(1, ceil_div(units, target));
-  for (int p = per; p >= std::max(1, per / 2); --p)
-    if (ceil_div(units, p) % threads == 0) return p;
-  return per;
+// Lines (rows of op(A) or columns of op(B)) cut into `pieces` ranges of whole strips of
+// `unit` lines, their strip counts differing by one at most: piece p starts at begin(p).
+struct Split {
+  int lines, unit, pieces;
+  int strips() const { return ceil_div(lines, unit); }
+  int begin(int p) const {
+    return std::min(lines, int(std::int64_t(strips()) * p / pieces) * unit);
+  }
+  int size(int p) const { return begin(p + 1) - begin(p); }
+  int largest() const { return ceil_div(strips(), pieces) * unit; }
+};
+
+// `target` pieces, but at least `least` and at most `most` (and never more than the
+// strips), rounded up to a multiple of `threads` where that stays within `most`: equal
+// pieces, equal shares.
+Split split_lines(int lines, int unit, int least, int target, int most, int threads) {
+  const int cap = std::max(1, std::min(most, ceil_div(lines, unit)));
+  int pieces = std::clamp(target, std::min(least, cap), cap);
+  if (round_up(pieces, threads) <= cap) pieces = round_up(pieces, threads);
+  return {lines, unit, pieces};
 }
 
 // Waits until the counter `done` (written with release) reaches `value`.
@@ -484,18 +497,17 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   //   in L2) by column groups, when rows alone give too few items;
   // - M < N (op(A) whole): column blocks of at most kChunk columns, all rows.
   const bool share_b = g.M >= g.N;
-  int row_block = g.M, col_block = g.N;
+  Split rows{g.M, ks.mr, 1}, cols{g.N, ks.nr, 1};
   if (share_b) {
-    const int rb = std::clamp(target, ceil_div(g.M, kMcMax), std::max(1, g.M / kMcMin));
-    row_block = round_up(ceil_div(g.M, rb), ks.mr);
-    const int groups = std::clamp(ceil_div(target, ceil_div(g.M, row_block)), 1,
-                                  std::max(1, g.N / 64));
-    col_block = round_up(ceil_div(g.N, groups), ks.nr);
+    rows = split_lines(g.M, ks.mr, ceil_div(g.M, kMcMax), target, g.M / kMcMin, threads);
+    // Column groups when rows alone give too few items, their count such that the
+    // items' count is a multiple of the threads'.
+    cols = split_lines(g.N, ks.nr, 1, ceil_div(target, rows.pieces), g.N / 64,
+                       rows.pieces % threads == 0 ? 1 : threads);
   } else {
-    const int strips = ceil_div(g.N, ks.nr);
-    col_block = ks.nr * piece_units(strips, std::max(target, ceil_div(g.N, kChunk)), threads);
+    cols = split_lines(g.N, ks.nr, ceil_div(g.N, kChunk), target, g.N, threads);
   }
-  const int row_blocks = ceil_div(g.M, row_block), col_blocks = ceil_div(g.N, col_block);
+  const int row_blocks = rows.pieces, col_blocks = cols.pieces;
 
   const int k_blocks = std::max(1, ceil_div(g.K, kKc));
   const int kc_max = std::min(std::max(g.K, 1), kKc);
@@ -505,7 +517,7 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   const int group = std::clamp(int(kWholeFloats / whole_block), 1, k_blocks);
   const std::size_t group_floats = whole_block * group;
   float* whole = ws.packed_whole(group_floats * 2);
-  const std::size_t part_floats = std::size_t(share_b ? row_block : col_block) * kc_max;
+  const std::size_t part_floats = std::size_t(share_b ? rows.largest() : cols.largest()) * kc_max;
   float* parts = ws.packed_parts(part_floats * threads);
   const int tiles = row_blocks * col_blocks, groups = ceil_div(k_blocks, group);
   // Counters, all 0: for each tile, the groups that have reached it; for each group, the
@@ -548,8 +560,8 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
       // tile's previous group (at most the rest of one item, taken by another thread).
 #pragma omp for schedule(dynamic) nowait
       for (int item = 0; item < tiles; ++item) {
-        const int i0 = item / col_blocks * row_block, m = std::min(row_block, g.M - i0);
-        const int j0 = item % col_blocks * col_block, n = std::min(col_block, g.N - j0);
+        const int i0 = rows.begin(item / col_blocks), m = rows.size(item / col_blocks);
+        const int j0 = cols.begin(item % col_blocks), n = cols.size(item % col_blocks);
         wait_until(progress[item], gi);
         for (int b = 0; b < blocks; ++b) {
           const int kb = kb0 + b, k0 = kb * kKc, kc = std::min(kKc, g.K - k0);
