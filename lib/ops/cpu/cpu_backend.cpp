@@ -32,32 +32,34 @@ std::string CpuOps::name() const {
          " threads)";
 }
 
+// Large blocks (activations; parameters, gradients and optimizer moments, 2 GB at GPT-2
+// 124M) are mapped on transparent huge pages where the system allows (MADV_HUGEPAGE):
+// the products read activations a row per page in places (a weight gradient's operands
+// are its tokens' rows), where 4 KiB pages cost a TLB miss a row. Zeroed arenas are then
+// touched by every thread (fill_zero). Measured at 124M on 2 cores: launch to the end of
+// step 2 in 6.4 s, against 7.6 s with 4 KiB pages; leaving the pages to fault in during
+// step 1 instead made that step 2.7 s slower (docs/design.md).
+constexpr std::size_t kMappedMinBytes = std::size_t(1) << 22;
+
 void* CpuOps::allocate(std::size_t bytes) {
+  if (bytes >= kMappedMinBytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw OutOfMemory(bytes, memory_.held(), name());
+    madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+    mapped_[p] = bytes;
+    memory_.added(p, bytes);
+    return p;
+  }
   const std::size_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
   void* p = std::aligned_alloc(kArenaAlignment, rounded ? rounded : kArenaAlignment);
   if (!p) throw OutOfMemory(bytes, memory_.held(), name());
   memory_.added(p, bytes);
   return p;
 }
-// Large zeroed arenas (parameters, gradients, optimizer moments: 2 GB at GPT-2 124M) are
-// mapped on transparent huge pages where the system allows (MADV_HUGEPAGE), then touched
-// by every thread (fill_zero). Measured at 124M on 2 cores: launch to the end of step 2 in
-// 6.4 s, against 7.6 s with 4 KiB pages; leaving the pages to fault in during step 1
-// instead made that step 2.7 s slower (docs/design.md).
-constexpr std::size_t kMappedMinBytes = std::size_t(1) << 22;
 
 void* CpuOps::allocate_zeroed(std::size_t bytes) {
-  if (bytes < kMappedMinBytes) {
-    void* p = allocate(bytes);
-    fill_zero(p, bytes);
-    return p;
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw OutOfMemory(bytes, memory_.held(), name());
-  madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+  void* p = allocate(bytes);
   fill_zero(p, bytes);
-  mapped_[p] = bytes;
-  memory_.added(p, bytes);
   return p;
 }
 void CpuOps::deallocate(void* p) noexcept {

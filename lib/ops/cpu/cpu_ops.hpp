@@ -415,7 +415,7 @@ class CpuOps final : public Fp32Forwarding<CpuOps, Fp32Arrays> {
   int threads_;
   bool blocked_attention_;
   MemoryTracker memory_;  // what allocate() hands out (the scratch above is not counted)
-  std::unordered_map<void*, std::size_t> mapped_;  // allocate_zeroed's mappings: their lengths
+  std::unordered_map<void*, std::size_t> mapped_;  // allocate's mappings: their lengths
   std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
