@@ -505,9 +505,10 @@ void gemm(const GemmArgs& g, GemmWorkspace& ws, GemmKernel kernel, const GemmTil
   // The smaller operand is packed whole, a group of K blocks at a time, by all threads
   // together, into one of two slots that the groups take in turn; each item packs its
   // part of the larger one just before using it. Items are tiles of C:
-  // - M >= N (op(B) whole): row blocks of at most kMcMax rows (whose packed op(A) stays
-  //   in L2) by column groups, when rows alone give too few items;
-  // - M < N (op(A) whole): column blocks of at most kChunk columns, all rows.
+  // - M >= N (op(B) whole): row blocks of about kMcMax rows at most (whose packed op(A)
+  //   stays in L2) by column groups, when rows alone give too few items;
+  // - M < N (op(A) whole): column blocks of about kChunk columns at most, all rows.
+  // Blocks are whole strips, their counts equal to one strip (Split).
   const bool share_b = g.M >= g.N;
   Split rows{g.M, ks.mr, 1}, cols{g.N, ks.nr, 1};
   if (share_b) {
